@@ -1,0 +1,111 @@
+// The backend contract: one device that answers questions before it runs anything
+// (capabilities, memory, features), owns buffers, copies to and from the host, and executes
+// one node at a time (or a segment of nodes, which a backend may capture and replay).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tandem/capability.h"
+#include "tandem/graph.h"
+
+namespace tandem {
+
+enum class BackendKind : uint8_t { Cpu, Gpu };
+std::string_view backend_kind_name(BackendKind kind);
+
+struct MemoryInfo {
+  size_t total_bytes = 0;
+  size_t free_bytes = 0;
+};
+
+class Backend;
+
+// Device memory owned by one backend; freed through it when the Buffer dies.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend* owner, void* data, size_t bytes) : owner_(owner), data_(data), bytes_(bytes) {}
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+
+  void reset();
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Backend* owner() const { return owner_; }
+  explicit operator bool() const { return data_ != nullptr; }
+
+ private:
+  Backend* owner_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// One node ready to run: its inputs and output as that backend's pointers.
+struct NodeExecution {
+  const Node* node = nullptr;
+  std::vector<TensorRef> inputs;
+  TensorRef output;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Identity: "reference", "cpu", "cuda:0", ...
+  virtual const std::string& backend_id() const = 0;
+  virtual BackendKind kind() const = 0;
+  virtual MemoryInfo memory() const = 0;
+  // Features such as "avx2", "avx512", "amx", "sm_90", "bf16", "tensor_cores".
+  virtual const std::vector<std::string>& features() const = 0;
+  bool has_feature(std::string_view feature) const;
+  // True when buffer pointers are ordinary host memory (the executor may read them directly).
+  virtual bool host_accessible() const = 0;
+  // A device whose context is poisoned reports itself lost; the scheduler stops choosing it.
+  virtual bool lost() const { return false; }
+
+  // Capabilities: the table, the row that covers a node, and the full check of a node.
+  virtual const std::vector<OpCapability>& capabilities() const = 0;
+  const OpCapability* op_capability(const Graph& graph, const Node& node) const;
+  CapabilityCheck check(const Graph& graph, const Node& node) const;
+  bool can_execute(const Graph& graph, const Node& node) const { return check(graph, node).ok(); }
+
+  // Memory. allocate throws Error{OutOfMemory} when the device cannot satisfy it.
+  virtual Buffer allocate(size_t bytes) = 0;
+  virtual void copy_from_host(void* device_dst, const void* host_src, size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* device_src, size_t bytes) = 0;
+  virtual void copy_within(void* device_dst, const void* device_src, size_t bytes) = 0;
+
+  // Runs one node. Inputs and output are in this backend's memory. May be asynchronous:
+  // results are visible after synchronize() (or a copy_to_host, which synchronizes).
+  virtual void execute(const Graph& graph, const NodeExecution& exec) = 0;
+  // Runs consecutive nodes with no transfer between them. `signature` identifies the graph
+  // and segment, so a backend may capture the segment once and replay it.
+  virtual void execute_segment(const Graph& graph, std::span<const NodeExecution> segment,
+                               uint64_t signature);
+  virtual void synchronize() = 0;
+
+  // Timing around work submitted to this backend: steady clock on CPUs, events on GPUs.
+  virtual void timer_start();
+  virtual double timer_stop_us();  // synchronizes
+
+ protected:
+  friend class Buffer;
+  virtual void free_buffer(void* data, size_t bytes) = 0;
+
+ private:
+  int64_t timer_start_ns_ = 0;
+};
+
+// The largest tensor (in elements) among a node's inputs and output.
+int64_t node_max_elements(const Graph& graph, const Node& node);
+
+}  // namespace tandem

@@ -1,0 +1,69 @@
+// Element types, including GGUF's block-quantized formats in their exact byte layout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+namespace tandem {
+
+enum class DType : uint8_t { F32, F16, BF16, I32, I8, Q8_0, Q4_0 };
+inline constexpr int kDTypeCount = 7;
+inline constexpr DType kAllDTypes[kDTypeCount] = {DType::F32, DType::F16,  DType::BF16, DType::I32,
+                                                  DType::I8,  DType::Q8_0, DType::Q4_0};
+
+struct DTypeTraits {
+  std::string_view name;
+  int64_t block_elements;  // elements per block (1 for plain types)
+  int64_t block_bytes;     // bytes per block
+  bool is_float;           // F32, F16, BF16
+  bool is_quantized;       // Q8_0, Q4_0
+};
+
+const DTypeTraits& dtype_traits(DType dtype);
+inline std::string_view dtype_name(DType dtype) {
+  return dtype_traits(dtype).name;
+}
+std::optional<DType> dtype_from_name(std::string_view name);
+
+// Bytes of a row of n elements; throws InvalidArgument unless n is a multiple of the block.
+size_t row_bytes(DType dtype, int64_t n);
+
+// GGUF block formats (ggml's block_q8_0 and block_q4_0): a float16 scale then the quants.
+inline constexpr int64_t kQuantBlock = 32;
+struct BlockQ8_0 {
+  uint16_t d;  // float16 scale
+  int8_t qs[kQuantBlock];
+};
+struct BlockQ4_0 {
+  uint16_t d;                   // float16 scale
+  uint8_t qs[kQuantBlock / 2];  // element j in the low nibble of qs[j], element j+16 in the high
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ4_0) == 18);
+
+// IEEE half and bfloat16 conversions (round to nearest even).
+uint16_t f32_to_f16(float value);
+float f16_to_f32(uint16_t bits);
+uint16_t f32_to_bf16(float value);
+inline float bf16_to_f32(uint16_t bits) {
+  uint32_t u = uint32_t(bits) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Reference quantization, bit-compatible with ggml's quantize_row_q8_0_ref / q4_0_ref.
+// n must be a multiple of kQuantBlock.
+void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t n);
+void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t n);
+void dequantize_row_q8_0(const BlockQ8_0* src, float* dst, int64_t n);
+void dequantize_row_q4_0(const BlockQ4_0* src, float* dst, int64_t n);
+
+// Converts n elements of any dtype to float32 and back (quantized: n a multiple of the block).
+void to_f32(DType dtype, const void* src, float* dst, int64_t n);
+void from_f32(DType dtype, const float* src, void* dst, int64_t n);
+
+}  // namespace tandem

@@ -1,0 +1,19 @@
+// Constructors of the concrete backends; only the registry includes this.
+#pragma once
+
+#include <memory>
+
+#include "tandem/backend.h"
+
+namespace tandem {
+
+std::shared_ptr<Backend> make_reference_backend();
+#ifdef TANDEM_HAVE_CPU_BACKEND
+std::shared_ptr<Backend> make_cpu_backend(int threads);
+#endif
+#ifdef TANDEM_HAVE_CUDA_BACKEND
+int cuda_device_count();  // 0 when there is no driver or no GPU; never throws
+std::shared_ptr<Backend> make_cuda_backend(int device);
+#endif
+
+}  // namespace tandem
