@@ -190,6 +190,7 @@ void bm_elementwise(benchmark::State& state, OpKind op, int threads) {
 // Collects results so the run ends with the ratios the issue asks for, from this very run.
 class SummaryReporter : public benchmark::ConsoleReporter {
  public:
+  SummaryReporter() : ConsoleReporter(OO_Tabular) {}  // plain text: the output goes to files
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& r : runs) {
       if (r.run_type != Run::RT_Iteration || r.error_occurred) continue;
