@@ -22,7 +22,11 @@ void exact_matmul_2d(const Kernels& k, DType dtype, const uint8_t* w, size_t wrb
                      float* out, int64_t M, int64_t N, int64_t K) {
   std::vector<float> row(static_cast<size_t>(K));
   for (int64_t m = 0; m < M; ++m) {
-    to_f32(dtype, w + size_t(m) * wrb, row.data(), K);
+    if (dtype == DType::Q4_0) {
+      k.dequantize_q4_0(w + size_t(m) * wrb, row.data(), K);
+    } else {
+      k.dequantize_q8_0(w + size_t(m) * wrb, row.data(), K);
+    }
     for (int64_t n = 0; n < N; ++n) out[n * M + m] = k.dot_f32(row.data(), b + n * K, K);
   }
 }
