@@ -48,6 +48,11 @@ struct CaseParam {
   size_t case_index = 0;
 };
 
+// Readable in test listings (and in ctest names, which carry the parameter).
+void PrintTo(const CaseParam& p, std::ostream* os) {
+  *os << p.backend_id << " " << catalog()[p.case_index].name;
+}
+
 std::vector<CaseParam> declared_cases() {
   std::vector<CaseParam> params;
   for (const auto& [id, entry] : backends_under_test()) {
