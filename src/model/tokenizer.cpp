@@ -46,6 +46,20 @@ void check_id(const Vocab& vocab, int32_t id, const char* what) {
 
 }  // namespace
 
+PreTokenizer pre_tokenizer_from_name(const std::string& name) {
+  // The names llama.cpp maps to the same split (llama-vocab.cpp); "" is an old file without
+  // tokenizer.ggml.pre, which llama.cpp then also splits GPT-2's way.
+  for (const char* n : {"", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es",
+                        "jina-v2-de", "mellum", "exaone4"}) {
+    if (name == n) return PreTokenizer::Gpt2;
+  }
+  for (const char* n : {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral"}) {
+    if (name == n) return PreTokenizer::Llama3;
+  }
+  throw_error(ErrorCode::Unsupported, kWhere,
+              "BPE pre-tokenizer \"" + name + "\" (supported: gpt-2, llama-bpe and aliases)");
+}
+
 Tokenizer::Tokenizer(Vocab vocab) : impl_(std::make_unique<Impl>()) {
   Impl& impl = *impl_;
   const size_t n = vocab.tokens.size();
@@ -68,8 +82,8 @@ Tokenizer::Tokenizer(Vocab vocab) : impl_(std::make_unique<Impl>()) {
 
   impl.token_ids.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    // The first of duplicate texts wins, as in llama.cpp's token_to_id map.
-    impl.token_ids.emplace(impl.vocab.tokens[i], static_cast<int32_t>(i));
+    // The last of duplicate texts wins, as in llama.cpp's token_to_id map.
+    impl.token_ids[impl.vocab.tokens[i]] = static_cast<int32_t>(i);
   }
   impl.byte_tokens.fill(-1);
   if (impl.vocab.kind == VocabKind::Spm) {
@@ -81,6 +95,8 @@ Tokenizer::Tokenizer(Vocab vocab) : impl_(std::make_unique<Impl>()) {
       unicode::append_utf8(spelled, gpt2_byte_to_codepoint(static_cast<uint8_t>(b)));
       impl.byte_tokens[b] = impl.find(spelled);
     }
+    impl.pre_tokenizer = pre_tokenizer_from_name(impl.vocab.pre_tokenizer);
+    impl.ignore_merges = impl.pre_tokenizer == PreTokenizer::Llama3;
     impl.merge_ranks.reserve(impl.vocab.merges.size());
     for (size_t rank = 0; rank < impl.vocab.merges.size(); ++rank) {
       const std::string& merge = impl.vocab.merges[rank];

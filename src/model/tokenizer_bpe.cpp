@@ -33,90 +33,140 @@ int gpt2_codepoint_to_byte(uint32_t codepoint) {
   return -1;
 }
 
-// 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// by hand over decoded characters; invalid UTF-8 bytes count as "other" (neither letter,
-// number nor space), so every input byte lands in exactly one word.
-std::vector<std::string_view> gpt2_pre_tokenize(std::string_view text) {
+namespace {
+
+// The input as characters with their byte offsets, and the words cut from it so far.
+class CharSplitter {
+ public:
+  explicit CharSplitter(std::string_view text) : text_(text) {
+    for (size_t pos = 0; pos < text.size();) {
+      const unicode::Decoded d = unicode::decode_utf8(text, pos);
+      chars_.push_back({d.codepoint, pos});
+      pos += d.length;
+    }
+  }
+  size_t size() const { return chars_.size(); }
+  // Past the end every class test is false and the codepoint matches nothing.
+  uint32_t cp(size_t i) const { return i < size() ? chars_[i].cp : 0xFFFFFFFEu; }
+  uint32_t lower_ascii(size_t i) const {
+    const uint32_t c = cp(i);
+    return c >= 'A' && c <= 'Z' ? c + 32 : c;
+  }
+  bool letter(size_t i) const { return i < size() && unicode::is_letter(chars_[i].cp); }
+  bool number(size_t i) const { return i < size() && unicode::is_number(chars_[i].cp); }
+  bool space(size_t i) const { return i < size() && unicode::is_whitespace(chars_[i].cp); }
+  // [^\s\p{L}\p{N}]: invalid UTF-8 bytes count here too, so no input byte is lost.
+  bool other(size_t i) const { return i < size() && !letter(i) && !number(i) && !space(i); }
+  bool newline(size_t i) const { return cp(i) == '\r' || cp(i) == '\n'; }
+
+  // Ends the current word at character `end` (no-op for an empty word).
+  void cut(size_t end) {
+    if (end <= start_) return;
+    const size_t begin_byte = chars_[start_].offset;
+    const size_t end_byte = end < size() ? chars_[end].offset : text_.size();
+    words_.push_back(text_.substr(begin_byte, end_byte - begin_byte));
+    start_ = end;
+  }
+  std::vector<std::string_view> take() { return std::move(words_); }
+
+ private:
   struct Char {
     uint32_t cp;
     size_t offset;
   };
-  std::vector<Char> chars;
-  for (size_t pos = 0; pos < text.size();) {
-    const unicode::Decoded d = unicode::decode_utf8(text, pos);
-    chars.push_back({d.codepoint, pos});
-    pos += d.length;
+  std::string_view text_;
+  std::vector<Char> chars_;
+  std::vector<std::string_view> words_;
+  size_t start_ = 0;
+};
+
+// 's|'t|'re|'ve|'m|'ll|'d at `pos` (case-insensitive for Llama 3): its length, or 0.
+size_t contraction(const CharSplitter& c, size_t pos, bool ignore_case) {
+  if (c.cp(pos) != '\'' || pos + 1 >= c.size()) return 0;
+  const uint32_t a = ignore_case ? c.lower_ascii(pos + 1) : c.cp(pos + 1);
+  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+  const uint32_t b = ignore_case ? c.lower_ascii(pos + 2) : c.cp(pos + 2);
+  if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+  return 0;
+}
+
+// Whitespace tail shared by both regexes: \s+(?!\S)|\s+ (Llama 3 first tries \s*[\r\n]+).
+size_t whitespace_end(const CharSplitter& c, size_t pos, bool newline_rule) {
+  size_t spaces = 0;
+  size_t after_last_newline = 0;
+  while (c.space(pos + spaces)) {
+    if (c.newline(pos + spaces)) after_last_newline = pos + spaces + 1;
+    ++spaces;
   }
-  const size_t n = chars.size();
-  constexpr uint32_t kEnd = 0xFFFFFFFEu;  // past the end: matches no class
-  auto cp_at = [&](size_t i) { return i < n ? chars[i].cp : kEnd; };
-  auto letter = [&](size_t i) { return i < n && unicode::is_letter(chars[i].cp); };
-  auto number = [&](size_t i) { return i < n && unicode::is_number(chars[i].cp); };
-  auto space = [&](size_t i) { return i < n && unicode::is_whitespace(chars[i].cp); };
-  auto other = [&](size_t i) { return i < n && !letter(i) && !number(i) && !space(i); };
+  if (newline_rule && after_last_newline > 0) return after_last_newline;
+  // \s+(?!\S): leave the last space to prefix the next word.
+  if (spaces > 1 && pos + spaces < c.size()) return pos + spaces - 1;
+  if (spaces > 0) return pos + spaces;
+  return pos + 1;  // no rule matches: a word of one character
+}
 
-  std::vector<std::string_view> words;
-  size_t start = 0;
-  auto add_word = [&](size_t end) {
-    const size_t begin_byte = chars[start].offset;
-    const size_t end_byte = end < n ? chars[end].offset : text.size();
-    words.push_back(text.substr(begin_byte, end_byte - begin_byte));
-    start = end;
-  };
+}  // namespace
 
-  for (size_t pos = 0; pos < n;) {
-    const uint32_t cp = cp_at(pos);
-    if (cp == '\'' && pos + 1 < n) {
-      const uint32_t next = cp_at(pos + 1);
-      if (next == 's' || next == 't' || next == 'm' || next == 'd') {
-        pos += 2;
-        add_word(pos);
-        continue;
-      }
-      const uint32_t next2 = cp_at(pos + 2);
-      if ((next == 'r' && next2 == 'e') || (next == 'v' && next2 == 'e') ||
-          (next == 'l' && next2 == 'l')) {
-        pos += 3;
-        add_word(pos);
-        continue;
-      }
+// 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+std::vector<std::string_view> gpt2_pre_tokenize(std::string_view text) {
+  CharSplitter c(text);
+  for (size_t pos = 0; pos < c.size();) {
+    if (const size_t len = contraction(c, pos, false)) {
+      c.cut(pos += len);
+      continue;
     }
     // The optional leading space belongs to the class of the character after it.
-    const size_t head = cp == ' ' ? pos + 1 : pos;
-    if (letter(head)) {
-      pos = head;
-      while (letter(pos)) ++pos;
-      add_word(pos);
-      continue;
+    const size_t head = c.cp(pos) == ' ' ? pos + 1 : pos;
+    if (c.letter(head)) {
+      for (pos = head; c.letter(pos);) ++pos;
+    } else if (c.number(head)) {
+      for (pos = head; c.number(pos);) ++pos;
+    } else if (c.other(head)) {
+      for (pos = head; c.other(pos);) ++pos;
+    } else {
+      pos = whitespace_end(c, pos, false);
     }
-    if (number(head)) {
-      pos = head;
-      while (number(pos)) ++pos;
-      add_word(pos);
-      continue;
-    }
-    if (other(head)) {
-      pos = head;
-      while (other(pos)) ++pos;
-      add_word(pos);
-      continue;
-    }
-    size_t spaces = 0;
-    while (space(pos + spaces)) ++spaces;
-    if (spaces > 1 && pos + spaces < n) {
-      // \s+(?!\S): leave the last space to prefix the next word.
-      pos += spaces - 1;
-      add_word(pos);
-      continue;
-    }
-    if (spaces > 0) {
-      pos += spaces;
-      add_word(pos);
-      continue;
-    }
-    add_word(++pos);
+    c.cut(pos);
   }
-  return words;
+  return c.take();
+}
+
+// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+// \s*[\r\n]+|\s+(?!\S)|\s+
+std::vector<std::string_view> llama3_pre_tokenize(std::string_view text) {
+  CharSplitter c(text);
+  for (size_t pos = 0; pos < c.size();) {
+    if (const size_t len = contraction(c, pos, true)) {
+      c.cut(pos += len);
+      continue;
+    }
+    // One optional character that is not a newline, letter or number, then letters.
+    if (!c.newline(pos) && !c.number(pos) && (c.letter(pos) || c.letter(pos + 1))) {
+      for (++pos; c.letter(pos);) ++pos;
+      c.cut(pos);
+      continue;
+    }
+    if (c.number(pos)) {
+      // Digits in groups of at most three.
+      for (size_t group_start = pos; c.number(pos);) {
+        if (++pos - group_start == 3) {
+          c.cut(pos);
+          group_start = pos;
+        }
+      }
+      c.cut(pos);
+      continue;
+    }
+    const size_t head = c.cp(pos) == ' ' ? pos + 1 : pos;
+    if (c.other(head) || (head != pos && head == c.size())) {
+      for (pos = head; c.other(pos);) ++pos;
+      while (c.newline(pos)) ++pos;
+      c.cut(pos);
+      continue;
+    }
+    c.cut(pos = whitespace_end(c, pos, true));
+  }
+  return c.take();
 }
 
 namespace {
@@ -211,10 +261,19 @@ void bpe_word(const Tokenizer::Impl& impl, std::string_view word, std::vector<in
 
 void bpe_encode(const Tokenizer::Impl& impl, std::string_view text, std::vector<int32_t>& out) {
   std::string spelled;
-  for (std::string_view word : gpt2_pre_tokenize(text)) {
+  const std::vector<std::string_view> words = impl.pre_tokenizer == PreTokenizer::Llama3
+                                                  ? llama3_pre_tokenize(text)
+                                                  : gpt2_pre_tokenize(text);
+  for (std::string_view word : words) {
     spelled.clear();
     for (char c : word)
       unicode::append_utf8(spelled, gpt2_byte_to_codepoint(static_cast<uint8_t>(c)));
+    if (impl.ignore_merges) {
+      if (const int32_t id = impl.find(spelled); id >= 0) {
+        out.push_back(id);
+        continue;
+      }
+    }
     bpe_word(impl, spelled, out);
   }
 }

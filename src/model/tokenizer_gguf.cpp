@@ -2,10 +2,12 @@
 // part that needs the GGUF reader.
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "tandem/error.h"
 #include "tandem/model/gguf.h"
 #include "tandem/model/tokenizer.h"
+#include "tokenizer_impl.h"
 
 namespace tandem {
 namespace {
@@ -83,15 +85,17 @@ Vocab vocab_from_gguf(const gguf::File& file) {
     vocab.bos_id = read_id(file, "tokenizer.ggml.bos_token_id", -1, n);
     vocab.eos_id = read_id(file, "tokenizer.ggml.eos_token_id", -1, n);
     vocab.unk_id = read_id(file, "tokenizer.ggml.unknown_token_id", -1, n);
-    vocab.add_bos = false;
     vocab.add_space_prefix = false;
-    if (file.has("tokenizer.ggml.pre")) vocab.pre_tokenizer = file.get_string("tokenizer.ggml.pre");
-    // Other pre-tokenizers (llama-bpe, qwen2, ...) split differently; silently using GPT-2's
-    // split would give wrong ids, so refuse them.
-    if (vocab.pre_tokenizer != "gpt-2" && vocab.pre_tokenizer != "default") {
-      throw_error(ErrorCode::Unsupported, "tokenizer " + file.path(),
-                  "BPE pre-tokenizer \"" + vocab.pre_tokenizer + "\" (supported: gpt-2, default)");
+    vocab.pre_tokenizer =
+        file.has("tokenizer.ggml.pre") ? file.get_string("tokenizer.ggml.pre") : std::string();
+    PreTokenizer pre = PreTokenizer::Gpt2;
+    try {
+      pre = pre_tokenizer_from_name(vocab.pre_tokenizer);
+    } catch (const Error& e) {
+      throw_error(e.code(), "tokenizer " + file.path(), e.message());
     }
+    // Llama 3 style vocabs start every prompt with BOS (llama.cpp's default for them).
+    vocab.add_bos = pre == PreTokenizer::Llama3;
   }
   if (file.has("tokenizer.ggml.add_bos_token")) {
     vocab.add_bos = file.get_bool("tokenizer.ggml.add_bos_token");
@@ -106,7 +110,14 @@ Vocab vocab_from_gguf(const gguf::File& file) {
 }
 
 Tokenizer Tokenizer::from_gguf(const gguf::File& file) {
-  return Tokenizer(vocab_from_gguf(file));
+  Vocab vocab = vocab_from_gguf(file);
+  try {
+    return Tokenizer(std::move(vocab));
+  } catch (const Error& e) {
+    // An inconsistent vocab in a file is a malformed file.
+    if (e.code() != ErrorCode::InvalidArgument) throw;
+    format_error(file, e.message());
+  }
 }
 
 }  // namespace tandem

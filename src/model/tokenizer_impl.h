@@ -12,8 +12,16 @@
 
 namespace tandem {
 
+// How BPE text is cut into words before merging (llama.cpp's pre-tokenizer types).
+enum class PreTokenizer { Gpt2, Llama3 };
+
+// The pre-tokenizer for a tokenizer.ggml.pre name; throws Unsupported for others.
+PreTokenizer pre_tokenizer_from_name(const std::string& name);
+
 struct Tokenizer::Impl {
   Vocab vocab;
+  PreTokenizer pre_tokenizer = PreTokenizer::Gpt2;
+  bool ignore_merges = false;  // BPE: a word that is a token as a whole skips merging
   std::unordered_map<std::string, int32_t> token_ids;
   // BPE: "left right" -> rank (position in tokenizer.ggml.merges).
   std::unordered_map<std::string, int32_t> merge_ranks;
@@ -43,7 +51,8 @@ void bpe_encode(const Tokenizer::Impl& impl, std::string_view text, std::vector<
 // GPT-2's reversible byte <-> printable character mapping (bytes_to_unicode).
 uint32_t gpt2_byte_to_codepoint(uint8_t byte);
 int gpt2_codepoint_to_byte(uint32_t codepoint);  // -1 if the codepoint is not in the mapping
-// Pre-tokenizer split of GPT-2's regex: the byte ranges of the words, in order.
+// Pre-tokenizer splits (GPT-2's and Llama 3's regexes): the words' byte ranges, in order.
 std::vector<std::string_view> gpt2_pre_tokenize(std::string_view text);
+std::vector<std::string_view> llama3_pre_tokenize(std::string_view text);
 
 }  // namespace tandem

@@ -214,6 +214,46 @@ TEST(Gpt2PreTokenizer, FollowsTheRegex) {
   EXPECT_EQ(split(""), Words{});
 }
 
+// Expected words from the regex itself (Python's `regex` module, which has \p{L} and \p{N}).
+TEST(Llama3PreTokenizer, FollowsTheRegex) {
+  auto split3 = [](std::string_view text) {
+    std::vector<std::string> words;
+    for (std::string_view w : llama3_pre_tokenize(text)) words.emplace_back(w);
+    return words;
+  };
+  EXPECT_EQ(split3("Hello world"), (Words{"Hello", " world"}));
+  EXPECT_EQ(split3("I'VE 'Told 1234567"),
+            (Words{"I", "'VE", " '", "Told", " ", "123", "456", "7"}));
+  EXPECT_EQ(split3("x  \n\n  y"), (Words{"x", "  \n\n", " ", " y"}));
+  EXPECT_EQ(split3("(hello)!!\n\nok"), (Words{"(hello", ")!!\n\n", "ok"}));
+  EXPECT_EQ(split3("$100.50"), (Words{"$", "100", ".", "50"}));
+  EXPECT_EQ(split3(" \xE3\x80\x80"
+                   "end  "),
+            (Words{" ",
+                   "\xE3\x80\x80"
+                   "end",
+                   "  "}));
+  EXPECT_EQ(split3("a\r\n\tb"), (Words{"a", "\r\n", "\tb"}));
+}
+
+TEST(BpeTokenizer, Llama3VocabsTakeWholeWordTokensWithoutMerging) {
+  Vocab v = bpe_vocab();
+  v.merges = {"h e", "l l", "he ll"};  // no "hell o": merging alone cannot build "hello"
+  const Tokenizer gpt2(v);
+  EXPECT_EQ(gpt2.encode("hello"), (Ids{258, 'o'}));
+  v.pre_tokenizer = "llama-bpe";
+  const Tokenizer llama3(v);
+  EXPECT_EQ(llama3.encode("hello"), (Ids{259}));
+  EXPECT_EQ(llama3.encode("hellos"), (Ids{258, 'o', 's'}));
+  v.pre_tokenizer = "qwen2";
+  try {
+    Tokenizer t(v);
+    ADD_FAILURE() << "accepted an unknown pre-tokenizer";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Unsupported);
+  }
+}
+
 TEST(TokenizerErrors, InvalidVocabsAreRejected) {
   auto expect_invalid = [](Vocab v, const char* what) {
     try {

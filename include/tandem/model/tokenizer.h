@@ -39,10 +39,12 @@ struct Vocab {
   int32_t bos_id = -1;              // -1: none
   int32_t eos_id = -1;
   int32_t unk_id = -1;
-  bool add_bos = false;                 // prepend BOS when encoding with the default options
-  bool add_eos = false;                 // append EOS when encoding with the default options
-  bool add_space_prefix = true;         // SPM: prepend one space to the text ("add dummy prefix")
-  std::string pre_tokenizer = "gpt-2";  // BPE: tokenizer.ggml.pre; only the GPT-2 split exists
+  bool add_bos = false;          // prepend BOS when encoding with the default options
+  bool add_eos = false;          // append EOS when encoding with the default options
+  bool add_space_prefix = true;  // SPM: prepend one space to the text ("add dummy prefix")
+  // BPE: tokenizer.ggml.pre, the word split before merging: GPT-2's ("gpt-2", or "" for old
+  // files) or Llama 3's ("llama-bpe" and its aliases); others throw Unsupported.
+  std::string pre_tokenizer = "gpt-2";
 };
 
 // Reads tokenizer.ggml.* from a GGUF file. Missing or inconsistent keys throw Format; a
