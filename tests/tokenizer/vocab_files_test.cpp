@@ -2,6 +2,7 @@
 // the listed ids (no BOS) and decode back to its text.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -57,7 +58,10 @@ std::vector<Case> load_cases(const fs::path& gguf_path) {
 
 std::string show(const std::vector<int32_t>& ids) {
   std::string s;
-  for (int32_t id : ids) s += " " + std::to_string(id);
+  for (int32_t id : ids) {
+    s += ' ';
+    s += std::to_string(id);
+  }
   return s;
 }
 
@@ -148,6 +152,117 @@ TEST(VocabFromGguf, StreamsByteTokensAsWholeCharacters) {
     }
   }
   EXPECT_EQ(all, " this is 🦙");
+}
+
+// Small vocabs written with gguf::Writer: what vocab_from_gguf reads and what it refuses.
+// The bytes stay alive as long as the file parsed from them.
+struct WrittenVocab {
+  explicit WrittenVocab(const gguf::Writer& writer)
+      : bytes(writer.to_bytes()), file(gguf::File::parse(bytes, "test.gguf")) {}
+  std::vector<uint8_t> bytes;
+  gguf::File file;
+};
+
+gguf::Writer spm_writer() {
+  gguf::Writer w;
+  w.set_string("tokenizer.ggml.model", "llama");
+  // "▁hi" = "▁" + "hi"; ids 3.. are ▁hi h i ▁ hi.
+  w.set_string_array("tokenizer.ggml.tokens",
+                     {"<unk>", "<s>", "</s>", "\xE2\x96\x81hi", "h", "i", "\xE2\x96\x81", "hi"});
+  w.set_f32_array("tokenizer.ggml.scores", {0, 0, 0, -1, -2, -2, -2, -1.5f});
+  w.set_i32_array("tokenizer.ggml.token_type", {2, 3, 3, 1, 1, 1, 1, 1});
+  return w;
+}
+
+gguf::Writer bpe_writer() {
+  gguf::Writer w;
+  w.set_string("tokenizer.ggml.model", "gpt2");
+  w.set_string_array("tokenizer.ggml.tokens", {"h", "i", "hi", "<|endoftext|>"});
+  w.set_i32_array("tokenizer.ggml.token_type", {1, 1, 1, 3});
+  w.set_string_array("tokenizer.ggml.merges", {"h i"});
+  w.set_u32("tokenizer.ggml.eos_token_id", 3);
+  return w;
+}
+
+void expect_error(gguf::Writer writer, ErrorCode code, const std::string& fragment) {
+  const WrittenVocab w(writer);
+  try {
+    (void)Tokenizer::from_gguf(w.file);
+    ADD_FAILURE() << "accepted; expected an error mentioning " << fragment;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(VocabFromGguf, AppliesDefaultsAndOverrides) {
+  {
+    const WrittenVocab w(spm_writer());
+    const Tokenizer t = Tokenizer::from_gguf(w.file);
+    EXPECT_EQ(t.bos_id(), 1) << "llama.cpp's SentencePiece defaults: BOS 1, EOS 2, unknown 0";
+    EXPECT_EQ(t.eos_id(), 2);
+    EXPECT_EQ(t.vocab().unk_id, 0);
+    EXPECT_TRUE(t.vocab().add_bos);
+    EXPECT_EQ(t.encode("hi"), (std::vector<int32_t>{1, 3}));
+    EXPECT_EQ(t.decode(std::vector<int32_t>{1, 3}), "hi");
+  }
+  {
+    gguf::Writer writer = spm_writer();
+    writer.set_bool("tokenizer.ggml.add_bos_token", false);
+    writer.set_bool("tokenizer.ggml.add_eos_token", true);
+    writer.set_bool("tokenizer.ggml.add_space_prefix", false);
+    const WrittenVocab w(writer);
+    const Tokenizer t = Tokenizer::from_gguf(w.file);
+    EXPECT_EQ(t.encode("hi"), (std::vector<int32_t>{7, 2}));
+  }
+  {
+    const WrittenVocab w(bpe_writer());
+    const Tokenizer t = Tokenizer::from_gguf(w.file);
+    EXPECT_EQ(t.vocab().kind, VocabKind::Bpe);
+    EXPECT_FALSE(t.vocab().add_bos);
+    EXPECT_EQ(t.eos_id(), 3);
+    EXPECT_EQ(t.encode("hi"), (std::vector<int32_t>{2}));
+  }
+}
+
+TEST(VocabFromGguf, RefusesBrokenOrUnknownVocabs) {
+  gguf::Writer w;
+  w.set_string("tokenizer.ggml.model", "bert");
+  w.set_string_array("tokenizer.ggml.tokens", {"a"});
+  expect_error(w, ErrorCode::Unsupported, "bert");
+
+  gguf::Writer no_model;
+  no_model.set_string_array("tokenizer.ggml.tokens", {"a"});
+  expect_error(no_model, ErrorCode::Format, "tokenizer.ggml.model");
+
+  gguf::Writer no_tokens;
+  no_tokens.set_string("tokenizer.ggml.model", "llama");
+  expect_error(no_tokens, ErrorCode::Format, "tokenizer.ggml.tokens");
+
+  w = spm_writer();
+  w.set_f32_array("tokenizer.ggml.scores", {0, 0});
+  expect_error(w, ErrorCode::Format, "tokenizer.ggml.scores");
+
+  w = spm_writer();
+  w.set_i32_array("tokenizer.ggml.token_type", {2, 3, 3, 1, 9, 1, 1, 1});
+  expect_error(w, ErrorCode::Format, "token_type[4]");
+
+  w = spm_writer();
+  w.set_u32("tokenizer.ggml.bos_token_id", 8);
+  expect_error(w, ErrorCode::Format, "bos_token_id");
+
+  gguf::Writer no_merges;
+  no_merges.set_string("tokenizer.ggml.model", "gpt2");
+  no_merges.set_string_array("tokenizer.ggml.tokens", {"a"});
+  expect_error(no_merges, ErrorCode::Format, "tokenizer.ggml.merges");
+
+  w = bpe_writer();
+  w.set_string_array("tokenizer.ggml.merges", {"hi"});
+  expect_error(w, ErrorCode::Format, "merge");
+
+  w = bpe_writer();
+  w.set_string("tokenizer.ggml.pre", "qwen2");
+  expect_error(w, ErrorCode::Unsupported, "qwen2");
 }
 
 }  // namespace
