@@ -86,6 +86,7 @@ class Walk {
       p.estimated_us += sel.estimated_cost.total_us();
     }
     p.planned_transfers = transfers_;
+    p.planned_uploads = uploads_;
     return p;
   }
 
@@ -484,12 +485,12 @@ class Walk {
       OpKind sop = g_.node(s).op;
       if (m == 0) {  // a cache created here
         used_[size_t(b)] += bytes;
+      } else if ((sop == OpKind::Weight && gb != 0) ||
+                 (sop == OpKind::KvCache && n.op == OpKind::KvWrite)) {
+        ++uploads_;  // persistent: a weight upload or a cache migration, once
+        used_[size_t(b)] += bytes;
       } else {
         ++transfers_;
-        if ((sop == OpKind::Weight && gb != 0) ||
-            (sop == OpKind::KvCache && n.op == OpKind::KvWrite)) {
-          used_[size_t(b)] += bytes;
-        }
       }
       m |= bit(gb);
     }
@@ -523,6 +524,7 @@ class Walk {
   std::vector<uint8_t> hops_;
   int current_ = kNoBackend;
   size_t transfers_ = 0;
+  size_t uploads_ = 0;
 };
 
 }  // namespace
