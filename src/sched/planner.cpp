@@ -19,7 +19,13 @@ uint64_t bit(int group) {
 
 std::string mib(size_t bytes) {
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / (1024.0 * 1024.0));
+  if (bytes < 1024) {
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  } else if (bytes < (size_t(1) << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", double(bytes) / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / (1024.0 * 1024.0));
+  }
   return buf;
 }
 

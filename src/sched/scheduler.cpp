@@ -317,6 +317,12 @@ std::shared_ptr<const Placement> HybridScheduler::plan(const Graph& graph,
     if (is_leaf(n.op)) key = mix64(key, std::hash<std::string>{}(graph.tensor(n.id).name));
   }
   key = mix64(key, residency.hash());
+  // A device lost since the last plan must not be chosen again.
+  uint64_t lost = 0;
+  for (size_t b = 0; b < impl_->config->backends.size(); ++b) {
+    if (impl_->config->backends[b]->lost()) lost |= 1ull << b;
+  }
+  key = mix64(key, lost);
   {
     std::lock_guard lock(impl_->mutex);
     auto it = impl_->cache.find(key);

@@ -186,6 +186,11 @@ TEST(Scheduler, ALostDeviceIsNotChosen) {
   auto p = sched.plan(s.g);
   EXPECT_EQ(p->at(s.mm).reason.kind, K::CpuFallback);
   EXPECT_EQ(rejected(p->at(s.mm), "gpu")->reason, RejectReason::DeviceLost);
+  // A cached plan is not reused once a device it chose is lost.
+  gpu->set_lost(false);
+  EXPECT_EQ(sched.plan(s.g)->at(s.mm).backend->backend_id(), "gpu");
+  gpu->set_lost(true);
+  EXPECT_EQ(sched.plan(s.g)->at(s.mm).backend->backend_id(), "cpu");
 }
 
 // Four layers of matmul(w_l [64, 64] f32 = 16 KiB) + silu.
