@@ -174,6 +174,7 @@ class Walk {
       e.check = c_.backends[b]->check(g_, n);
       const int gb = c_.group[b];
       size_t persistent = 0, transient = 0;
+      bool any_here = false;  // some input already has a copy in this backend's memory
       int source_device = kNoBackend;
       for (size_t i = 0; i < n.inputs.size(); ++i) {
         TensorId s = g_.storage_of(n.inputs[i]);
@@ -190,7 +191,10 @@ class Walk {
             if (m & bit(grp)) source_device = group_backend_[size_t(grp)];
           }
         }
-        if (m & bit(gb)) continue;
+        if (m & bit(gb)) {
+          any_here = true;
+          continue;
+        }
         const size_t bytes = g_.tensor(s).bytes();
         OpKind sop = g_.node(s).op;
         if (sop == OpKind::Weight) {
@@ -212,7 +216,9 @@ class Walk {
       e.free = c_.budgets[b] > used_[b] ? c_.budgets[b] - used_[b] : 0;
       e.fits = e.needed <= e.free;
       const std::string& id = c_.backends[b]->backend_id();
-      if (exhausted_[b]) {
+      // An exhausted device still takes ops that need nothing new and read data already on
+      // it (a preloaded weight, a resident activation).
+      if (exhausted_[b] && (persistent > 0 || !any_here)) {
         e.fits = false;
         e.needed = exhaust_needed_[b];
         e.free = exhaust_free_[b];
@@ -220,8 +226,8 @@ class Walk {
       } else if (!e.fits) {
         e.memory_detail = id + " needs " + mib(e.needed) + " (" + mib(persistent) +
                           " persistent), its budget has " + mib(e.free) + " free";
-        // A device that refused a weight takes no later ops, as llama.cpp's -ngl: a prefix
-        // of the graph on the device, the rest elsewhere, and no ping-pong between them.
+        // A device that refused a weight takes no later op that needs new memory or reads
+        // nothing on it, as llama.cpp's -ngl: a prefix on the device, no ping-pong after.
         if (gb != 0 && persistent > 0 && e.check.ok()) {
           exhausted_[b] = true;
           exhaust_needed_[b] = e.needed;

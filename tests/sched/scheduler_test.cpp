@@ -247,6 +247,21 @@ TEST(Scheduler, MemoryBudgetPutsALayerPrefixOnTheGpu) {
   EXPECT_EQ(p2->at(L.mm[2]).backend->backend_id(), "cpu");
   EXPECT_EQ(p2->planned_uploads, 1u);  // only layer 1's weight is new
 
+  // A preloaded weight is still used after the budget ran out: layer 0 does not fit, layer 3's
+  // weight is already on the GPU (and its 512 transient bytes fit the 4 KiB left).
+  auto small = HybridScheduler::builder()
+                   .with_backend(make_cpu())
+                   .with_backend(make_gpu())
+                   .memory_budget("gpu", kW + 4096)
+                   .build();
+  Residency r3;
+  r3.add("gpu", "blk.3.w", kW);
+  auto p3 = small.plan(L.g, r3);
+  EXPECT_EQ(p3->at(L.mm[0]).reason.kind, K::MemoryConstraint);
+  EXPECT_EQ(p3->at(L.act[2]).reason.kind, K::MemoryConstraint);
+  EXPECT_EQ(p3->at(L.mm[3]).backend->backend_id(), "gpu");
+  EXPECT_EQ(p3->at(L.mm[3]).reason.kind, K::GpuAvailable);
+
   auto strict = HybridScheduler::builder()
                     .with_backend(make_cpu())
                     .with_backend(make_gpu())
