@@ -211,6 +211,15 @@ TEST_F(ExecutorTest, PointersAreStablePerSignatureAndPlansAreReused) {
     EXPECT_EQ(gpu->segment_signatures[2 * per_run + k], gpu->segment_signatures[3 * per_run + k]);
     EXPECT_EQ(gpu->segment_pointers[2 * per_run + k], gpu->segment_pointers[3 * per_run + k]);
   }
+  // A second executor on the same backend has its own arenas, so never the same signatures.
+  std::set<uint64_t> first(gpu->segment_signatures.begin(), gpu->segment_signatures.end());
+  const size_t before = gpu->segment_signatures.size();
+  HybridExecutor other(sched);
+  run_steps(sched, other, model, {steps[0]});
+  ASSERT_GT(gpu->segment_signatures.size(), before);
+  for (size_t k = before; k < gpu->segment_signatures.size(); ++k) {
+    EXPECT_EQ(first.count(gpu->segment_signatures[k]), 0u);
+  }
 }
 
 TEST_F(ExecutorTest, KvCachesPersistAndMigrate) {
