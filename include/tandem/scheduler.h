@@ -141,8 +141,9 @@ class Residency {
   uint64_t hash_ = 0;
 };
 
-// A per-tensor pin: a regex (ECMAScript, whole-name match, as llama.cpp's --override-tensor)
-// on weight names; an op reading a matching weight runs on `backend_id`.
+// A per-tensor pin: a regex (ECMAScript) searched in weight names, first pin that matches wins,
+// as llama.cpp's --override-tensor ("exps" matches "blk.3.ffn_up_exps.weight"); an op reading a
+// matching weight runs on `backend_id`.
 struct TensorPin {
   std::string pattern;
   std::string backend_id;

@@ -132,7 +132,7 @@ class Walk {
         loc_[size_t(n.id)] = m;
         if (n.op == OpKind::Weight) {
           for (size_t i = 0; i < c_.tensor_pins.size(); ++i) {
-            if (std::regex_match(name, c_.tensor_pins[i].regex)) {
+            if (std::regex_search(name, c_.tensor_pins[i].regex)) {
               weight_pin_[size_t(n.id)] = int(i);
               break;
             }

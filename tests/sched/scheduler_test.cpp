@@ -313,13 +313,18 @@ TEST(Scheduler, TensorAndOpPinsAreUserPreferences) {
     EXPECT_EQ(p->at(a).reason.kind, K::UserPreference);
     EXPECT_NE(p->at(a).reason.why.find("op pin silu"), std::string::npos);
   }
-  // The pattern matches whole names only (as --override-tensor).
-  auto partial = HybridScheduler::builder()
-                     .with_backend(make_cpu())
-                     .with_backend(make_gpu())
-                     .pin_tensor("blk", "cpu")
-                     .build();
-  EXPECT_EQ(partial.plan(L.g)->at(L.mm[0]).reason.kind, K::GpuAvailable);
+  // Patterns are searched, as --override-tensor: "\\.3\\." pins layer 3 only; the first
+  // matching pin wins.
+  auto search = HybridScheduler::builder()
+                    .with_backend(make_cpu())
+                    .with_backend(make_gpu())
+                    .pin_tensor("\\.3\\.", "cpu")
+                    .pin_tensor("blk", "gpu")
+                    .build();
+  auto q = search.plan(L.g);
+  EXPECT_EQ(q->at(L.mm[3]).backend->backend_id(), "cpu");
+  EXPECT_EQ(q->at(L.mm[0]).backend->backend_id(), "gpu");
+  EXPECT_EQ(q->at(L.mm[0]).reason.kind, K::UserPreference);
 }
 
 TEST(Scheduler, APinToABackendThatCannotRunTheOp) {
