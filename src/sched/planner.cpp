@@ -131,12 +131,7 @@ class Walk {
         }
         loc_[size_t(n.id)] = m;
         if (n.op == OpKind::Weight) {
-          for (size_t i = 0; i < c_.tensor_pins.size(); ++i) {
-            if (std::regex_search(name, c_.tensor_pins[i].regex)) {
-              weight_pin_[size_t(n.id)] = int(i);
-              break;
-            }
-          }
+          if (c_.pin_matcher) weight_pin_[size_t(n.id)] = c_.pin_matcher->match(name);
         }
       } else if (n.op == OpKind::Attention) {
         // K and V caches read by one attention live together.
@@ -429,10 +424,9 @@ class Walk {
       TensorId s = g_.storage_of(in);
       int p = weight_pin_[size_t(s)];
       if (p >= 0) {
-        const CompiledPin& cp = c_.tensor_pins[size_t(p)];
-        pin = cp.backend;
-        why = "pin '" + cp.pin.pattern + "' on weight '" + g_.tensor(s).name + "' -> " +
-              cp.pin.backend_id;
+        const TensorPin& tp = c_.tensor_pins[size_t(p)];
+        pin = c_.tensor_pin_backend[size_t(p)];
+        why = "pin '" + tp.pattern + "' on weight '" + g_.tensor(s).name + "' -> " + tp.backend_id;
         break;
       }
     }
