@@ -13,8 +13,10 @@ namespace tandem::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kMaxGroup = 8;  // query heads per block; larger groups use more blocks
+constexpr int kMaxGroup = 4;  // query heads per block (Llama 3: 32/8); larger groups use more blocks
 constexpr int kMaxDim = 256;
+// The combining block keeps one scale per (head, slice) in the reused accumulator tile.
+constexpr int kMaxSplits = kWarps * kMaxDim;
 
 template <typename T>
 __device__ __forceinline__ float to_float(T v) {
@@ -80,23 +82,45 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
   }
   const T* kh = k + hk * head_stride;
   const T* vh = v + hk * head_stride;
-  for (int j = begin + warp; j < end; j += kWarps) {
-    float kr[kDpl], vr[kDpl];
-    load_dims<T, kDpl, kFull>(kh + j * token_stride, d0, D, kr);
-    load_dims<T, kDpl, kFull>(vh + j * token_stride, d0, D, vr);
+  // kUnroll keys per step so their K and V rows are in flight together.
+  constexpr int kUnroll = 4;
+  for (int j0 = begin + warp * kUnroll; j0 < end; j0 += kWarps * kUnroll) {
+    float kr[kUnroll][kDpl], vr[kUnroll][kDpl];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = min(j0 + u, end - 1);  // clamped rows are loaded but masked below
+      load_dims<T, kDpl, kFull>(kh + j * token_stride, d0, D, kr[u]);
+      load_dims<T, kDpl, kFull>(vh + j * token_stride, d0, D, vr[u]);
+    }
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) {
       if (g >= n_heads) break;
-      float s = 0.0f;
+      float s[kUnroll];
 #pragma unroll
-      for (int i = 0; i < kDpl; ++i) s += qr[g][i] * kr[i];
-      s = warp_sum(s);
-      const float m_new = fmaxf(m[g], s);
-      const float corr = expf(m[g] - m_new);  // 0 on the first key (m = -inf)
-      const float w = expf(s - m_new);
-      l[g] = l[g] * corr + w;
+      for (int u = 0; u < kUnroll; ++u) {
+        float p = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kDpl; ++i) acc[g][i] = acc[g][i] * corr + w * vr[i];
+        for (int i = 0; i < kDpl; ++i) p += qr[g][i] * kr[u][i];
+        s[u] = p;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) s[u] = warp_sum(s[u]);
+      float m_new = m[g];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j0 + u < end) m_new = fmaxf(m_new, s[u]);
+      }
+      const float corr = __expf(m[g] - m_new);  // 0 on the first keys (m = -inf)
+      l[g] *= corr;
+#pragma unroll
+      for (int i = 0; i < kDpl; ++i) acc[g][i] *= corr;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float w = j0 + u < end ? __expf(s[u] - m_new) : 0.0f;
+        l[g] += w;
+#pragma unroll
+        for (int i = 0; i < kDpl; ++i) acc[g][i] += w * vr[u][i];
+      }
       m[g] = m_new;
     }
   }
@@ -147,20 +171,34 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
+  // Scale of each slice, computed once per (head, slice), then one pass over the values.
+  float* s_scale = &s_acc[0][0][0];  // reused: kMaxGroup * splits floats (splits <= kMaxSplits)
+  for (int g = 0; g < n_heads; ++g) {
+    const float* parts = partial + (int64_t(t) * Hq + h0 + g) * splits * stride;
+    float mx = -INFINITY;
+    for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) {
+      mx = fmaxf(mx, __ldcg(parts + sp * stride));
+    }
+    mx = block_reduce<true>(mx, &s_m[0][0]);
+    float L = 0.0f;
+    for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) {
+      const float m_s = __ldcg(parts + sp * stride);
+      const float f = mx == -INFINITY ? 0.0f : __expf(m_s - mx);
+      L += __ldcg(parts + sp * stride + 1) * f;
+      s_scale[g * splits + sp] = f;
+    }
+    L = block_reduce<false>(L, &s_m[0][0]);
+    if (threadIdx.x == 0) s_l[0][g] = L;
+  }
+  __syncthreads();
   for (int idx = threadIdx.x; idx < n_heads * D; idx += blockDim.x) {
     const int g = idx / D, d = idx % D;
     const int64_t h = h0 + g;
-    const float* parts = partial + (int64_t(t) * Hq + h) * splits * stride;
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(parts + s * stride));
-    float L = 0.0f, A = 0.0f;
-    if (mx != -INFINITY) {
-      for (int s = 0; s < splits; ++s) {
-        const float f = expf(__ldcg(parts + s * stride) - mx);
-        L += __ldcg(parts + s * stride + 1) * f;
-        A += __ldcg(parts + s * stride + 2 + d) * f;
-      }
-    }
+    const float* parts = partial + (int64_t(t) * Hq + h) * splits * stride + 2 + d;
+    float A = 0.0f;
+#pragma unroll 8
+    for (int sp = 0; sp < splits; ++sp) A += __ldcg(parts + sp * stride) * s_scale[g * splits + sp];
+    const float L = s_l[0][g];
     out[(int64_t(t) * Hq + h) * D + d] = L > 0.0f ? A / L : 0.0f;
   }
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (and graph replays)
@@ -176,10 +214,10 @@ Plan plan_attention(const TensorDesc& q, const TensorDesc& k, int sm_count) {
   const int64_t Hq = q.ne[1], T = q.ne[2], Hkv = k.ne[1], C = k.ne[2];
   const int group_slices = int((Hq / Hkv + kMaxGroup - 1) / kMaxGroup);
   const int64_t units = Hkv * group_slices * T;
-  const int64_t target_blocks = int64_t(sm_count) * 8;
+  const int64_t target_blocks = int64_t(sm_count) * 4;
   int64_t splits = 1;
   if (units < target_blocks) {
-    splits = std::min<int64_t>((target_blocks + units - 1) / units, (C + 31) / 32);
+    splits = std::min<int64_t>({(target_blocks + units - 1) / units, (C + 31) / 32, kMaxSplits});
     splits = std::max<int64_t>(splits, 1);
   }
   const int64_t chunk = (C + splits - 1) / splits;
