@@ -65,7 +65,7 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
   float acc[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
-#pragma unroll 4
+#pragma unroll 8  // eight steps of loads in flight per warp (the loop is memory-latency bound)
   for (int blk = lane / kLanesPerBlock; blk < n_blocks; blk += kBlocksPerStep) {
     const uint8_t* bp = ar + int64_t(blk) * kBlockBytes;
     const float dw = f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(bp));
