@@ -13,8 +13,14 @@ namespace tandem::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kMaxGroup = 8;  // query heads per block; larger groups use more blocks
+constexpr int kMaxGroup =
+    4;  // query heads per block (Llama 3: 32/8); larger groups use more blocks
 constexpr int kMaxDim = 256;
+// The combining block keeps one scale per (head, slice) in the reused accumulator tile.
+constexpr int kMaxSplits = kWarps * kMaxDim;
+// A slice's partial result: m, l, two pad floats (keeps acc 16-byte aligned), then acc[D].
+constexpr int kPartialHeader = 4;
+static_assert(kWarps == 4 && kMaxGroup <= kWarps, "the combine gives one warp per head");
 
 template <typename T>
 __device__ __forceinline__ float to_float(T v) {
@@ -80,23 +86,45 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
   }
   const T* kh = k + hk * head_stride;
   const T* vh = v + hk * head_stride;
-  for (int j = begin + warp; j < end; j += kWarps) {
-    float kr[kDpl], vr[kDpl];
-    load_dims<T, kDpl, kFull>(kh + j * token_stride, d0, D, kr);
-    load_dims<T, kDpl, kFull>(vh + j * token_stride, d0, D, vr);
+  // kUnroll keys per step so their K and V rows are in flight together.
+  constexpr int kUnroll = 4;
+  for (int j0 = begin + warp * kUnroll; j0 < end; j0 += kWarps * kUnroll) {
+    float kr[kUnroll][kDpl], vr[kUnroll][kDpl];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = min(j0 + u, end - 1);  // clamped rows are loaded but masked below
+      load_dims<T, kDpl, kFull>(kh + j * token_stride, d0, D, kr[u]);
+      load_dims<T, kDpl, kFull>(vh + j * token_stride, d0, D, vr[u]);
+    }
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) {
       if (g >= n_heads) break;
-      float s = 0.0f;
+      float s[kUnroll];
 #pragma unroll
-      for (int i = 0; i < kDpl; ++i) s += qr[g][i] * kr[i];
-      s = warp_sum(s);
-      const float m_new = fmaxf(m[g], s);
-      const float corr = expf(m[g] - m_new);  // 0 on the first key (m = -inf)
-      const float w = expf(s - m_new);
-      l[g] = l[g] * corr + w;
+      for (int u = 0; u < kUnroll; ++u) {
+        float p = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kDpl; ++i) acc[g][i] = acc[g][i] * corr + w * vr[i];
+        for (int i = 0; i < kDpl; ++i) p += qr[g][i] * kr[u][i];
+        s[u] = p;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) s[u] = warp_sum(s[u]);
+      float m_new = m[g];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j0 + u < end) m_new = fmaxf(m_new, s[u]);
+      }
+      const float corr = __expf(m[g] - m_new);  // 0 on the first keys (m = -inf)
+      l[g] *= corr;
+#pragma unroll
+      for (int i = 0; i < kDpl; ++i) acc[g][i] *= corr;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float w = j0 + u < end ? __expf(s[u] - m_new) : 0.0f;
+        l[g] += w;
+#pragma unroll
+        for (int i = 0; i < kDpl; ++i) acc[g][i] += w * vr[u][i];
+      }
       m[g] = m_new;
     }
   }
@@ -114,7 +142,7 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
   __syncthreads();
 
   // Combine the warps; with one split this is the answer, else this slice's partial result.
-  const int stride = D + 2;
+  const int stride = D + kPartialHeader;
   for (int idx = threadIdx.x; idx < n_heads * D; idx += blockDim.x) {
     const int g = idx / D, d = idx % D;
     float mx = -INFINITY;
@@ -132,7 +160,7 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
       out[(int64_t(t) * Hq + h) * D + d] = L > 0.0f ? A / L : 0.0f;
     } else {
       float* part = partial + ((int64_t(t) * Hq + h) * splits + split) * stride;
-      part[2 + d] = A;
+      part[kPartialHeader + d] = A;
       if (d == 0) {
         part[0] = mx;
         part[1] = L;
@@ -147,21 +175,62 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
+  // Warp g finds head g's slice scales (one pass over m and l); then each warp sums a quarter
+  // of the slices for every head with vector loads, and the warps' sums meet in shared memory.
+  float* s_scale = &s_acc[0][0][0];  // reused: kMaxGroup * splits floats (splits <= kMaxSplits)
+  if (warp < n_heads) {
+    const float* parts = partial + (int64_t(t) * Hq + h0 + warp) * splits * stride;
+    float mx = -INFINITY;
+    for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, __ldcg(parts + sp * stride));
+    mx = warp_max(mx);
+    float L = 0.0f;
+    for (int sp = lane; sp < splits; sp += 32) {
+      const float f = mx == -INFINITY ? 0.0f : __expf(__ldcg(parts + sp * stride) - mx);
+      L += __ldcg(parts + sp * stride + 1) * f;
+      s_scale[warp * splits + sp] = f;
+    }
+    L = warp_sum(L);
+    if (lane == 0) s_l[0][warp] = L;
+  }
+  __syncthreads();
+  float sum[kMaxGroup][kDpl];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+#pragma unroll
+    for (int i = 0; i < kDpl; ++i) sum[g][i] = 0.0f;
+#pragma unroll 4
+  for (int sp = warp; sp < splits; sp += kWarps) {
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= n_heads) break;
+      const float* acc_s =
+          partial + ((int64_t(t) * Hq + h0 + g) * splits + sp) * stride + kPartialHeader;
+      const float f = s_scale[g * splits + sp];
+      float v[kDpl];
+      if constexpr (kFull && kDpl == 4) {
+        const float4 x = __ldcg(reinterpret_cast<const float4*>(acc_s + d0));
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < kDpl; ++i) v[i] = d0 + i < D ? __ldcg(acc_s + d0 + i) : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kDpl; ++i) sum[g][i] += f * v[i];
+    }
+  }
+  __syncthreads();  // s_scale (aliasing s_acc) is no longer read
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+#pragma unroll
+    for (int i = 0; i < kDpl; ++i) {
+      if (d0 + i < D) s_acc[warp][g][d0 + i] = sum[g][i];
+    }
+  __syncthreads();
   for (int idx = threadIdx.x; idx < n_heads * D; idx += blockDim.x) {
     const int g = idx / D, d = idx % D;
-    const int64_t h = h0 + g;
-    const float* parts = partial + (int64_t(t) * Hq + h) * splits * stride;
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(parts + s * stride));
-    float L = 0.0f, A = 0.0f;
-    if (mx != -INFINITY) {
-      for (int s = 0; s < splits; ++s) {
-        const float f = expf(__ldcg(parts + s * stride) - mx);
-        L += __ldcg(parts + s * stride + 1) * f;
-        A += __ldcg(parts + s * stride + 2 + d) * f;
-      }
-    }
-    out[(int64_t(t) * Hq + h) * D + d] = L > 0.0f ? A / L : 0.0f;
+    const float A = s_acc[0][g][d] + s_acc[1][g][d] + s_acc[2][g][d] + s_acc[3][g][d];
+    const float L = s_l[0][g];
+    out[(int64_t(t) * Hq + h0 + g) * D + d] = L > 0.0f ? A / L : 0.0f;
   }
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (and graph replays)
 }
@@ -176,10 +245,10 @@ Plan plan_attention(const TensorDesc& q, const TensorDesc& k, int sm_count) {
   const int64_t Hq = q.ne[1], T = q.ne[2], Hkv = k.ne[1], C = k.ne[2];
   const int group_slices = int((Hq / Hkv + kMaxGroup - 1) / kMaxGroup);
   const int64_t units = Hkv * group_slices * T;
-  const int64_t target_blocks = int64_t(sm_count) * 8;
+  const int64_t target_blocks = int64_t(sm_count) * 4;
   int64_t splits = 1;
   if (units < target_blocks) {
-    splits = std::min<int64_t>((target_blocks + units - 1) / units, (C + 31) / 32);
+    splits = std::min<int64_t>({(target_blocks + units - 1) / units, (C + 31) / 32, kMaxSplits});
     splits = std::max<int64_t>(splits, 1);
   }
   const int64_t chunk = (C + splits - 1) / splits;
@@ -232,7 +301,8 @@ size_t attention_scratch_bytes(const NodeExecution& e, int sm_count) {
   const TensorDesc& q = *e.inputs[0].desc;
   const Plan plan = plan_attention(q, *e.inputs[1].desc, sm_count);
   if (plan.splits == 1) return 0;
-  return size_t(q.ne[2] * q.ne[1]) * size_t(plan.splits) * size_t(q.ne[0] + 2) * sizeof(float);
+  return size_t(q.ne[2] * q.ne[1]) * size_t(plan.splits) * size_t(q.ne[0] + kPartialHeader) *
+         sizeof(float);
 }
 
 void run_attention(const OpContext& ctx, const NodeExecution& e) {

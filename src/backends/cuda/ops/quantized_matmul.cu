@@ -1,7 +1,7 @@
 // QuantizedMatMul with Q4_0/Q8_0 weights in GGUF layout. Up to kMatvecMaxColumns columns of b:
-// a matrix-vector kernel that reads the blocks once (16-byte loads staged through shared
-// memory, exact integer-to-float tricks instead of conversions). More columns: the weights are
-// dequantized to f16 and multiplied on tensor cores by cuBLAS with f32 accumulation.
+// b is quantized to int8 blocks and a matrix-vector kernel reads the weight blocks once,
+// multiplying with __dp4a. More columns: the weights are dequantized to f16 and multiplied on
+// tensor cores by cuBLAS with f32 accumulation.
 #include "common.cuh"
 #include "ops.h"
 #include "tandem/error.h"
@@ -13,157 +13,88 @@ void gemm_batched(const OpContext& ctx, const char* op, const TensorDesc& a, con
 
 namespace {
 
+size_t align_up(size_t v) {
+  return (v + 255) / 256 * 256;
+}
+
 constexpr int kWarps = 4;
-constexpr int kRowsPerWarp = 2;
 
-// 2^23 + u as a float, for a byte u in lane k of w: one byte permute, no conversion.
-__device__ __forceinline__ float byte_as_float(uint32_t w, int k) {
-  return __int_as_float(int(__byte_perm(w, 0x4B000000u, 0x7440u + unsigned(k))));
+// b as int8 blocks of 32 with one f32 scale each (like ggml's q8_1), so the weights' quants
+// meet it in __dp4a: a quarter of f32 b's bytes and one instruction per four products.
+__global__ void quantize_b_kernel(const float* b, int8_t* bq, float* bd, int64_t n_blocks) {
+  const int64_t blk = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (blk >= n_blocks) return;
+  const float x = b[blk * kQBlock + lane];
+  const float amax = warp_max(fabsf(x));
+  const float d = amax / 127.0f;
+  bq[blk * kQBlock + lane] = int8_t(d > 0.0f ? rintf(x / d) : 0.0f);
+  if (lane == 0) bd[blk] = d;
 }
 
-template <DType kType>
-struct PairTraits;
-template <>
-struct PairTraits<DType::Q4_0> {
-  static constexpr int kWords = 9;  // two 18-byte blocks
-};
-template <>
-struct PairTraits<DType::Q8_0> {
-  static constexpr int kWords = 17;  // two 34-byte blocks
-};
-
-// Dots of one 32-element block (its quants in 32-bit words) with kCols columns of b.
-template <DType kType, int kCols>
-__device__ __forceinline__ void block_dot(const uint32_t (&qs)[kType == DType::Q4_0 ? 4 : 8],
-                                          const float* b, int64_t K, float (&sum)[kCols]) {
-  if constexpr (kType == DType::Q4_0) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t lo = qs[i] & 0x0F0F0F0Fu, hi = (qs[i] >> 4) & 0x0F0F0F0Fu;
-      float vl[4], vh[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        vl[k] = byte_as_float(lo, k) - 8388616.0f;  // exact q - 8
-        vh[k] = byte_as_float(hi, k) - 8388616.0f;
-      }
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        const float4 bl = *reinterpret_cast<const float4*>(b + c * K + 4 * i);
-        const float4 bh = *reinterpret_cast<const float4*>(b + c * K + 16 + 4 * i);
-        sum[c] += vl[0] * bl.x + vl[1] * bl.y + vl[2] * bl.z + vl[3] * bl.w + vh[0] * bh.x +
-                  vh[1] * bh.y + vh[2] * bh.z + vh[3] * bh.w;
-      }
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t u = qs[i] ^ 0x80808080u;  // q + 128 per byte
-      float v[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] = byte_as_float(u, k) - 8388736.0f;  // exact q
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        const float4 bv = *reinterpret_cast<const float4*>(b + c * K + 4 * i);
-        sum[c] += v[0] * bv.x + v[1] * bv.y + v[2] * bv.z + v[3] * bv.w;
-      }
-    }
-  }
+// Two 16-bit loads: quants follow the 2-byte scale, so they are only 2-byte aligned.
+__device__ __forceinline__ int load_int_b2(const uint8_t* p) {
+  const auto* h = reinterpret_cast<const uint16_t*>(p);
+  return int(uint32_t(h[0]) | (uint32_t(h[1]) << 16));
 }
 
-// Each warp owns kRowsPerWarp rows; per step the warp stages 32 block pairs of each row in
-// shared memory with coalesced 16-byte loads, then each lane reduces one pair.
+// One warp per row. Q4_0: two lanes per block (8 quant bytes = 16 elements each); Q8_0: four
+// lanes per block (8 bytes each). Consecutive lanes read consecutive bytes of the row.
 template <DType kType, int kCols>
 __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, int64_t row_stride,
                                                              int64_t a_stride2, int64_t a_stride3,
                                                              int64_t a_div2, int64_t a_div3, int M,
-                                                             int n_pairs, const float* b, int64_t K,
-                                                             int64_t b_ne2, int64_t n_cols,
+                                                             int n_blocks, const int8_t* bq,
+                                                             const float* bd, int64_t b_ne2,
                                                              float* out) {
-  constexpr int kWords = PairTraits<kType>::kWords;
-  constexpr int kChunkWords = 32 * kWords;
-  __shared__ __align__(16) uint32_t smem[kWarps][kRowsPerWarp][kChunkWords];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int row0 = (blockIdx.x * kWarps + warp) * kRowsPerWarp;
-  if (row0 >= M) return;
-  const int64_t z = blockIdx.y, i2 = z % b_ne2, i3 = z / b_ne2;
-  a += (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3;
-  b += z * K * n_cols;
-  out += z * int64_t(M) * n_cols;
-
-  float acc[kRowsPerWarp][kCols];
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
-
-  for (int p0 = 0; p0 < n_pairs; p0 += 32) {
-    const int pairs = min(32, n_pairs - p0), words = pairs * kWords;
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      if (row0 + r >= M) break;
-      const auto* src =
-          reinterpret_cast<const uint32_t*>(a + int64_t(row0 + r) * row_stride) + p0 * kWords;
-      uint32_t* dst = smem[warp][r];
-      for (int w = lane; w < words / 4; w += 32) {
-        reinterpret_cast<uint4*>(dst)[w] = __ldg(reinterpret_cast<const uint4*>(src) + w);
-      }
-      for (int w = words / 4 * 4 + lane; w < words; w += 32) dst[w] = __ldg(src + w);
-    }
-    __syncwarp();
-    if (lane < pairs) {
-      const float* bp = b + int64_t(p0 + lane) * 64;
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const uint32_t* w = smem[warp][r] + lane * kWords;
-        constexpr int kQWords = kType == DType::Q4_0 ? 4 : 8;
-        uint32_t q0[kQWords], q1[kQWords];
-#pragma unroll
-        for (int i = 0; i < kQWords; ++i) {
-          q0[i] = __byte_perm(w[i], w[i + 1], 0x5432);  // block 0's quants start at byte 2
-          q1[i] = w[kQWords + 1 + i];                   // block 1's quants are word aligned
-        }
-        const float d0 = f16_bits_to_f32(uint16_t(w[0] & 0xffffu));
-        const float d1 = f16_bits_to_f32(uint16_t(w[kQWords] >> 16));
-        float s0[kCols], s1[kCols];
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) s0[c] = s1[c] = 0.0f;
-        block_dot<kType, kCols>(q0, bp, K, s0);
-        block_dot<kType, kCols>(q1, bp + 32, K, s1);
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) acc[r][c] += d0 * s0[c] + d1 * s1[c];
-      }
-    }
-    __syncwarp();
-  }
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      const float v = warp_sum(acc[r][c]);
-      if (lane == 0 && row0 + r < M) out[int64_t(c) * M + row0 + r] = v;
-    }
-}
-
-// Any layout (odd block counts, unaligned rows): one warp per row, one lane per block.
-template <int kCols>
-__global__ void matvec_generic_kernel(const uint8_t* a, DType dtype, int64_t row_stride,
-                                      int64_t a_stride2, int64_t a_stride3, int64_t a_div2,
-                                      int64_t a_div3, int M, int64_t K, const float* b,
-                                      int64_t b_ne2, int64_t n_cols, float* out) {
+  constexpr bool kQ4 = kType == DType::Q4_0;
+  constexpr int kLanesPerBlock = kQ4 ? 2 : 4;
+  constexpr int kBlocksPerStep = 32 / kLanesPerBlock;
+  constexpr int kBlockBytes = kQ4 ? 18 : 34;
   const int lane = threadIdx.x % 32;
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
   if (row >= M) return;
   const int64_t z = blockIdx.y, i2 = z % b_ne2, i3 = z / b_ne2;
+  const int64_t K = int64_t(n_blocks) * kQBlock;
   const uint8_t* ar = a + (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3 + row * row_stride;
-  b += z * K * n_cols;
-  out += z * int64_t(M) * n_cols;
-  float acc[kCols] = {};
-  for (int64_t blk = lane; blk < K / kQBlock; blk += 32) {
-    for (int j = 0; j < kQBlock; ++j) {
-      const int64_t i = blk * kQBlock + j;
-      const float v = load_f32(dtype, ar, i);
+  bq += z * kCols * K;
+  bd += z * kCols * int64_t(n_blocks);
+  out += z * int64_t(M) * kCols;
+  const int part = lane % kLanesPerBlock;
+
+  float acc[kCols];
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) acc[c] += v * b[c * K + i];
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+#pragma unroll 8  // eight steps of loads in flight per warp (the loop is memory-latency bound)
+  for (int blk = lane / kLanesPerBlock; blk < n_blocks; blk += kBlocksPerStep) {
+    const uint8_t* bp = ar + int64_t(blk) * kBlockBytes;
+    const float dw = f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(bp));
+    const int w0 = load_int_b2(bp + 2 + 8 * part);
+    const int w1 = load_int_b2(bp + 6 + 8 * part);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int8_t* bb = bq + c * K + int64_t(blk) * kQBlock;
+      const float db = bd[c * int64_t(n_blocks) + blk];
+      int dot;
+      if constexpr (kQ4) {
+        // Low nibbles are elements 8p..8p+7, high nibbles 16+8p..16+8p+7; q - 8 via the sum.
+        const int2 blo = *reinterpret_cast<const int2*>(bb + 8 * part);
+        const int2 bhi = *reinterpret_cast<const int2*>(bb + 16 + 8 * part);
+        dot = __dp4a(w0 & 0x0F0F0F0F, blo.x, 0);
+        dot = __dp4a(w1 & 0x0F0F0F0F, blo.y, dot);
+        dot = __dp4a((w0 >> 4) & 0x0F0F0F0F, bhi.x, dot);
+        dot = __dp4a((w1 >> 4) & 0x0F0F0F0F, bhi.y, dot);
+        int sum = __dp4a(0x01010101, blo.x, 0);
+        sum = __dp4a(0x01010101, blo.y, sum);
+        sum = __dp4a(0x01010101, bhi.x, sum);
+        sum = __dp4a(0x01010101, bhi.y, sum);
+        dot -= 8 * sum;
+      } else {
+        const int2 bv = *reinterpret_cast<const int2*>(bb + 8 * part);
+        dot = __dp4a(w0, bv.x, 0);
+        dot = __dp4a(w1, bv.y, dot);
+      }
+      acc[c] += dw * db * float(dot);
     }
   }
 #pragma unroll
@@ -173,10 +104,6 @@ __global__ void matvec_generic_kernel(const uint8_t* a, DType dtype, int64_t row
   }
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 template <int kCols>
 void launch_matvec(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
@@ -184,34 +111,25 @@ void launch_matvec(const OpContext& ctx, const NodeExecution& e) {
   const int64_t K = a.ne[0], M = a.ne[1];
   const int64_t batches = b.ne[2] * b.ne[3];
   const int64_t div2 = b.ne[2] / a.ne[2], div3 = b.ne[3] / a.ne[3];
+  const int64_t b_blocks = b.elements() / kQBlock;
+  auto* bq = static_cast<int8_t*>(ctx.scratch);
+  auto* bd = reinterpret_cast<float*>(bq + align_up(size_t(b.elements())));
+  quantize_b_kernel<<<grid_1d(b_blocks * 32, 256, INT32_MAX), 256, 0, ctx.stream>>>(
+      static_cast<const float*>(e.inputs[1].data), bq, bd, b_blocks);
+  ctx.check_launch("quantized_matmul");
+  const dim3 grid(unsigned((M + kWarps - 1) / kWarps), unsigned(batches));
   const auto* ap = static_cast<const uint8_t*>(e.inputs[0].data);
-  const auto* bp = static_cast<const float*>(e.inputs[1].data);
   auto* op = static_cast<float*>(e.output.data);
-  const bool fast = K % 64 == 0 && a.nb[1] % 16 == 0 && a.nb[2] % 16 == 0 && a.nb[3] % 16 == 0 &&
-                    aligned16(ap) && aligned16(bp);
-  if (fast) {
-    const dim3 grid(unsigned((M + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp)),
-                    unsigned(batches));
-    auto go = [&](auto kernel) {
-      kernel<<<grid, kWarps * 32, 0, ctx.stream>>>(ap, a.nb[1], a.nb[2], a.nb[3], div2, div3,
-                                                   int(M), int(K / 64), bp, K, b.ne[2], kCols, op);
-    };
-    if (a.dtype == DType::Q4_0) {
-      go(matvec_kernel<DType::Q4_0, kCols>);
-    } else {
-      go(matvec_kernel<DType::Q8_0, kCols>);
-    }
+  auto go = [&](auto kernel) {
+    kernel<<<grid, kWarps * 32, 0, ctx.stream>>>(ap, a.nb[1], a.nb[2], a.nb[3], div2, div3, int(M),
+                                                 int(K / kQBlock), bq, bd, b.ne[2], op);
+  };
+  if (a.dtype == DType::Q4_0) {
+    go(matvec_kernel<DType::Q4_0, kCols>);
   } else {
-    constexpr int kGenericWarps = 4;
-    const dim3 grid(unsigned((M + kGenericWarps - 1) / kGenericWarps), unsigned(batches));
-    matvec_generic_kernel<kCols><<<grid, kGenericWarps * 32, 0, ctx.stream>>>(
-        ap, a.dtype, a.nb[1], a.nb[2], a.nb[3], div2, div3, int(M), K, bp, b.ne[2], kCols, op);
+    go(matvec_kernel<DType::Q8_0, kCols>);
   }
   ctx.check_launch("quantized_matmul");
-}
-
-size_t align_up(size_t v) {
-  return (v + 255) / 256 * 256;
 }
 
 }  // namespace
@@ -219,7 +137,9 @@ size_t align_up(size_t v) {
 size_t quantized_matmul_scratch_bytes(const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
-  if (b.ne[1] <= kMatvecMaxColumns) return 0;
+  if (b.ne[1] <= kMatvecMaxColumns) {
+    return align_up(size_t(b.elements())) + align_up(size_t(b.elements() / kQBlock) * 4);
+  }
   return align_up(size_t(a.elements()) * 2) + align_up(size_t(b.elements()) * 2);
 }
 
