@@ -405,9 +405,11 @@ Layout make_layout(size_t alignment, const std::vector<std::pair<std::string, Va
   return layout;
 }
 
+// `written(offset, bytes)` is told about each finished tensor (the file drops its pages).
 template <class Tensors>
 void fill_data(uint8_t* out, const Layout& layout, const Tensors& tensors,
-               const Writer::Progress& progress) {
+               const Writer::Progress& progress,
+               const std::function<void(size_t, size_t)>& written = {}) {
   std::memcpy(out, layout.header.data(), layout.header.size());
   size_t done = layout.header.size();
   if (progress) progress(done, layout.total);
@@ -420,6 +422,7 @@ void fill_data(uint8_t* out, const Layout& layout, const Tensors& tensors,
       std::memcpy(dst, t.data.data(), t.bytes);
     }
     done += t.bytes;
+    if (written) written(size_t(dst - out), t.bytes);
     if (progress) progress(done, layout.total);
   }
 }
@@ -433,7 +436,8 @@ void Writer::write(const std::string& path) const {
 void Writer::write(const std::string& path, const Progress& progress) const {
   Layout layout = make_layout(alignment_, metadata_, tensors_);
   model::MappedOutputFile out(path, layout.total);
-  fill_data(out.data(), layout, tensors_, progress);
+  fill_data(out.data(), layout, tensors_, progress,
+            [&out](size_t offset, size_t bytes) { out.release(offset, bytes); });
   out.commit();
 }
 

@@ -246,6 +246,21 @@ TEST(GgufRoundTrip, LazyTensorsFillInPlace) {
   for (size_t k = 0; k < t->bytes; ++k) ASSERT_EQ(t->data[k], uint8_t(k * 13));
 }
 
+TEST(GgufRoundTrip, MultiPageTensorsSurviveTheMappedWrite) {
+  // The writer drops finished pages from its mapping; the data must still reach the file.
+  Writer w(64);
+  std::vector<int64_t> ne = {4096, 9};
+  for (int t = 0; t < 3; ++t) {
+    w.add_tensor_lazy("big." + std::to_string(t), DType::F32, ne, [t](uint8_t* dst, size_t n) {
+      for (size_t k = 0; k < n; ++k) dst[k] = uint8_t(k * 31 + size_t(t) * 7 + (k >> 12));
+    });
+  }
+  std::string path = temp_path("pages.gguf");
+  w.write(path);
+  EXPECT_EQ(read_file(path), w.to_bytes());
+  std::filesystem::remove(path);
+}
+
 TEST(GgufRoundTrip, FailedWriteLeavesNoFile) {
   Writer w;
   w.add_tensor_lazy("bad", DType::F32, std::vector<int64_t>{4}, [](uint8_t*, size_t) {
