@@ -400,7 +400,8 @@ Layout make_layout(size_t alignment, const std::vector<std::pair<std::string, Va
     s.put(uint64_t(layout.offsets[k]));
   }
   layout.header = std::move(s.bytes());
-  layout.header.resize(align_up(layout.header.size(), alignment), 0);
+  // Without tensors there is no data section to align (llama.cpp's vocab files end here too).
+  if (!tensors.empty()) layout.header.resize(align_up(layout.header.size(), alignment), 0);
   layout.total = layout.header.size() + data_size;
   return layout;
 }

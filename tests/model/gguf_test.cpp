@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -344,6 +345,33 @@ TEST(GgufWriter, RejectsInvalidInput) {
   Writer huge;
   huge.set("u64s", Value::make_number_array(ValueType::U64, {18446744073709551616.0}));
   EXPECT_EQ(error_code_of([&] { huge.to_bytes(); }), ErrorCode::InvalidArgument);
+}
+
+TEST(GgufRealFiles, LlamaCppVocabFilesParseAndRewriteByteForByte) {
+  // Vocabulary-only GGUFs written by llama.cpp's own tools, in shared/ beside the checkout.
+  // TANDEM_SHARED_DIR overrides where shared/ is (default: beside the checkout).
+  const char* shared = std::getenv("TANDEM_SHARED_DIR");
+  std::filesystem::path dir =
+      (shared ? std::filesystem::path(shared)
+              : std::filesystem::path(TANDEM_SOURCE_DIR) / ".." / "shared") /
+      "data" / "vocab";
+  if (!std::filesystem::exists(dir / "ggml-vocab-llama-spm.gguf")) {
+    GTEST_SKIP() << "llama.cpp vocab files not found in " << dir;
+  }
+  for (const char* name : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"}) {
+    SCOPED_TRACE(name);
+    std::string path = (dir / name).string();
+    File f = File::open(path);
+    EXPECT_EQ(f.version(), 3u);
+    EXPECT_TRUE(f.tensors().empty());
+    const auto& tokens = f.get_string_array("tokenizer.ggml.tokens");
+    EXPECT_EQ(f.get_number_array("tokenizer.ggml.token_type").size(), tokens.size());
+    EXPECT_GT(tokens.size(), 30000u);
+    // Our writer lays the same metadata out exactly as llama.cpp did.
+    Writer w(f.alignment());
+    for (const auto& [key, value] : f.metadata()) w.set(key, value);
+    EXPECT_EQ(w.to_bytes(), read_file(path));
+  }
 }
 
 TEST(GgufOpen, MissingFileIsIo) {

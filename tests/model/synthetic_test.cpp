@@ -80,6 +80,10 @@ TEST_P(SyntheticTiny, LoadsWithLlamaCppMetadataAndValidates) {
     EXPECT_EQ(f.find("llama.attention.layer_norm_rms_epsilon")->type, gguf::ValueType::F32);
     EXPECT_EQ(f.find("llama.rope.freq_base")->type, gguf::ValueType::F32);
     EXPECT_EQ(f.get_string("tokenizer.ggml.model"), "llama");
+    EXPECT_EQ(f.get_string("tokenizer.ggml.pre"), "default");
+    EXPECT_EQ(f.get_uint("tokenizer.ggml.unknown_token_id"), 0u);
+    EXPECT_TRUE(f.get_bool("tokenizer.ggml.add_bos_token"));
+    EXPECT_FALSE(f.get_bool("tokenizer.ggml.add_eos_token"));
     const auto& tokens = f.get_string_array("tokenizer.ggml.tokens");
     EXPECT_EQ(tokens.size(), 512u);
     EXPECT_EQ(std::set<std::string>(tokens.begin(), tokens.end()).size(), tokens.size());
