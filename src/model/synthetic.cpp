@@ -314,6 +314,7 @@ gguf::Writer make_synthetic_writer(const SyntheticSpec& spec) {
   // Earlier (shorter) pieces score higher, as SentencePiece's log-probabilities would.
   for (size_t k = 259; k < tokens.size(); ++k) scores[k] = -float(k - 259);
   w.set_string("tokenizer.ggml.model", "llama");
+  w.set_string("tokenizer.ggml.pre", "default");  // as llama.cpp's converter writes for SPM
   w.set_string_array("tokenizer.ggml.tokens", std::move(tokens));
   w.set_f32_array("tokenizer.ggml.scores", std::move(scores));
   w.set_i32_array("tokenizer.ggml.token_type", std::move(types));
