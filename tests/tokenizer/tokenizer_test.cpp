@@ -2,6 +2,7 @@
 // decoding, streaming and invalid vocabs. The llama.cpp vectors are in vocab_files_test.cpp.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -251,6 +252,30 @@ TEST(BpeTokenizer, Llama3VocabsTakeWholeWordTokensWithoutMerging) {
     ADD_FAILURE() << "accepted an unknown pre-tokenizer";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::Unsupported);
+  }
+}
+
+// Any byte string, valid UTF-8 or not, comes back unchanged: SPM through byte fallback, BPE
+// through its byte alphabet. (Not with user-defined tokens: SPM puts a space after them.)
+TEST(TokenizerRoundTrip, RandomBytesSurviveEncodeDecode) {
+  const uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  const std::vector<std::string> pieces = {
+      "hello", " ", "  ", "\n", "\t", "'s", "3", "\xC3\xA9", "\xF0\x9F\xA6\x99", "<s>"};
+  const Tokenizer spm(spm_vocab());
+  const Tokenizer bpe(bpe_vocab());
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string text;
+    const int n = static_cast<int>(rng() % 12);
+    for (int i = 0; i < n; ++i) {
+      if (rng() % 3 == 0) {
+        text += static_cast<char>(rng() & 0xFF);
+      } else {
+        text += pieces[rng() % pieces.size()];
+      }
+    }
+    EXPECT_EQ(spm.decode(spm.encode(text, EncodeOptions{})), text) << "seed " << seed;
+    EXPECT_EQ(bpe.decode(bpe.encode(text)), text) << "seed " << seed;
   }
 }
 
