@@ -266,6 +266,10 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, const DecodeOptions&
   return text;
 }
 
+TokenStream::TokenStream(const Tokenizer& tokenizer)
+    : TokenStream(tokenizer,
+                  DecodeOptions{.render_special = false, .remove_leading_space = false}) {}
+
 TokenStream::TokenStream(const Tokenizer& tokenizer, DecodeOptions options)
     : tokenizer_(&tokenizer), options_(options) {}
 

@@ -105,7 +105,7 @@ TEST(SpmTokenizer, DecodeUndoesTheSpacePrefix) {
 
 TEST(SpmTokenizer, StreamHoldsBackPartialCharacters) {
   const Tokenizer t(spm_vocab());
-  TokenStream stream(t);
+  TokenStream stream(t, DecodeOptions{});
   EXPECT_EQ(stream.push(1), "");
   EXPECT_EQ(stream.push(272), "hello");
   EXPECT_EQ(stream.push(kSpmByte0 + 0xE2), "");
@@ -114,6 +114,16 @@ TEST(SpmTokenizer, StreamHoldsBackPartialCharacters) {
   EXPECT_EQ(stream.push(kSpmByte0 + 0xF0), "");
   EXPECT_EQ(stream.flush(), "\xF0") << "an unfinished character comes out at the end";
   EXPECT_EQ(stream.flush(), "");
+}
+
+TEST(SpmTokenizer, StreamAfterAPromptKeepsTheFirstSpace) {
+  const Tokenizer t(spm_vocab());
+  const std::vector<int32_t> prompt = t.encode("hello");
+  EXPECT_EQ(t.decode(prompt), "hello");
+  TokenStream stream(t);  // continues the printed prompt
+  EXPECT_EQ(stream.push(272), " hello");
+  EXPECT_EQ(stream.push(272), " hello");
+  EXPECT_EQ(stream.push(2), "") << "EOS prints nothing";
 }
 
 // GPT-2 style: ids 0..255 are the byte characters in byte order, then merged pieces.

@@ -167,7 +167,7 @@ TEST(VocabFromGguf, StreamsByteTokensAsWholeCharacters) {
   const Tokenizer spm = Tokenizer::from_gguf(gguf::File::open(spm_path.string()));
   // "🦙" is not in the vocab: it becomes four byte tokens.
   const std::vector<int32_t> ids = spm.encode(" this is 🦙", EncodeOptions{});
-  TokenStream stream(spm);
+  TokenStream stream(spm, DecodeOptions{});
   std::vector<std::string> printed;
   for (int32_t id : ids) printed.push_back(stream.push(id));
   printed.push_back(stream.flush());
