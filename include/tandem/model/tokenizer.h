@@ -64,6 +64,8 @@ struct DecodeOptions {
   bool remove_leading_space = true;
 };
 
+// Encoder and decoder over one Vocab. Immutable after construction: const members may be called
+// from several threads at once.
 class Tokenizer {
  public:
   // Validates the vocab (sizes agree, ids in range, BPE merges name known pieces); throws
@@ -77,6 +79,8 @@ class Tokenizer {
 
   // Encodes with the vocab's own add_bos/add_eos defaults.
   std::vector<int32_t> encode(std::string_view text) const;
+  // Like llama.cpp, SPM puts the space prefix before every stretch of text that follows a
+  // special token too, so "a<tool>b" decodes as "a<tool> b".
   std::vector<int32_t> encode(std::string_view text, const EncodeOptions& options) const;
 
   // The text of a token sequence. Ids out of range throw InvalidArgument.
