@@ -22,11 +22,15 @@ Engine::Engine(const EngineOptions& options)
   BackendOptions backend_options;
   backend_options.cpu_threads = options.threads;
   auto backends = available_backends(backend_options);
-  if (strategy.kind == Strategy::Kind::BackendOnly) {
-    bool present = std::any_of(backends.begin(), backends.end(), [&](const auto& b) {
-      return b->backend_id() == strategy.backend_id;
-    });
-    if (!present) backends.push_back(create_backend(strategy.backend_id, backend_options));
+  // A backend named by the strategy or a pin (e.g. "reference") joins even if it is not a
+  // default one.
+  std::vector<std::string> named;
+  if (strategy.kind == Strategy::Kind::BackendOnly) named.push_back(strategy.backend_id);
+  for (const auto& pin : options.pins) named.push_back(pin.backend_id);
+  for (const auto& id : named) {
+    bool present = std::any_of(backends.begin(), backends.end(),
+                               [&](const auto& b) { return b->backend_id() == id; });
+    if (!present) backends.push_back(create_backend(id, backend_options));
   }
   auto builder = HybridScheduler::builder();
   for (auto& b : backends) builder.with_backend(b);

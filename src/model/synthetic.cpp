@@ -171,13 +171,24 @@ void check_spec(const SyntheticSpec& s) {
 }  // namespace
 
 std::vector<std::string_view> synthetic_preset_names() {
-  return {"tiny", "llama-3.2-1b", "llama-3.1-8b"};
+  return {"tiny", "small", "llama-3.2-1b", "llama-3.1-8b"};
 }
 
 SyntheticSpec synthetic_preset(std::string_view preset, DType dtype, uint64_t seed) {
   SyntheticSpec s;
   if (preset == "tiny") {
     // the defaults
+  } else if (preset == "small") {
+    // ~160M parameters: big enough that placement and bandwidth matter, small enough for a
+    // 2-core machine's main job.
+    s.name = "tandem-synthetic-small";
+    s.n_vocab = 32000;
+    s.n_embd = 1024;
+    s.n_layer = 8;
+    s.n_ff = 2816;
+    s.n_head = 16;
+    s.n_head_kv = 4;
+    s.context_length = 4096;
   } else if (preset == "llama-3.2-1b") {
     s.name = "tandem-synthetic-llama-3.2-1b";
     s.n_vocab = 128256;
