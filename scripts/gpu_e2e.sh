@@ -32,7 +32,7 @@ M=/tmp/models; mkdir -p $M
 t1=$(date +%s); $B synth --preset llama-3.2-1b --type q4_0 -o $M/1b.gguf >/dev/null; echo "synth 1b: $(($(date +%s) - t1)) s"
 t1=$(date +%s); timeout 120 $B synth --preset llama-3.1-8b --type q4_0 -o $M/8b.gguf >/dev/null; echo "synth 8b: $(($(date +%s) - t1)) s"
 $B devices >"$OUT/devices.txt" 2>&1; grep -E "^[a-z]+(:[0-9])? \(" "$OUT/devices.txt"
-run() { local name=$1; shift; timeout "$1" $B bench "${@:2}" -o json >"$OUT/$name.json" 2>"$OUT/$name.err" || echo "$name: exit $? $(tail -2 "$OUT/$name.err")"; }
+run() { local name=$1; shift; timeout "$1" $B bench "${@:2}" --output-format json >"$OUT/$name.json" 2>"$OUT/$name.err" || echo "$name: exit $? $(tail -2 "$OUT/$name.err")"; }
 run b1_gpu 60 -m $M/1b.gguf --strategy gpu -p 512 -n 128 -r 3
 run b1_cpu 90 -m $M/1b.gguf --strategy cpu -p 128 -n 64 -r 2 -t 16
 run b8_gpu 90 -m $M/8b.gguf --strategy gpu -p 512 -n 128 -r 3
