@@ -15,6 +15,10 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Every subcommand's help");
   std::function<int()> run;
   tandem::cli::add_commands(app, run);
+  // llama.cpp spells some flags with one dash and several letters; CLI11 wants two dashes.
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "-ngl") argv[i] = const_cast<char*>("--ngl");
+  }
   std::string known;
   bool is_known = false;
   for (const auto* sub : app.get_subcommands({})) {

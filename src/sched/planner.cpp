@@ -130,7 +130,8 @@ class Walk {
           }
         }
         loc_[size_t(n.id)] = m;
-        if (n.op == OpKind::Weight) {
+        // Pins match weights and KV caches by name (a cache pin keeps a layer's state there).
+        if (n.op == OpKind::Weight || n.op == OpKind::KvCache) {
           if (c_.pin_matcher) weight_pin_[size_t(n.id)] = c_.pin_matcher->match(name);
         }
       } else if (n.op == OpKind::Attention) {
