@@ -24,6 +24,28 @@ float best_logit(const std::vector<TokenCandidate>& c) {
   return best;
 }
 
+// The largest of n floats with eight independent maxima (one running max would wait on itself
+// every element); *bad is set if any value is NaN or +inf.
+float max_of(const float* x, size_t n, bool* bad = nullptr) {
+  constexpr size_t kLanes = 8;
+  float lane[kLanes];
+  for (float& m : lane) m = -INFINITY;
+  bool any_bad = false;
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) {
+      any_bad |= !(x[i + j] < INFINITY);
+      lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+    }
+  }
+  for (; i < n; ++i) {
+    any_bad |= !(x[i] < INFINITY);
+    lane[0] = x[i] > lane[0] ? x[i] : lane[0];
+  }
+  if (bad) *bad = any_bad;
+  return *std::max_element(lane, lane + kLanes);
+}
+
 // A uniform double in [0, 1) from the top 53 bits: the same on every standard library.
 double uniform01(std::mt19937_64& rng) {
   return static_cast<double>(rng() >> 11) * 0x1.0p-53;
@@ -77,37 +99,51 @@ std::vector<TokenCandidate> Sampler::select(std::span<const float> logits, bool 
   TANDEM_CHECK_ARG(!logits.empty(), kWhere, "empty logits");
   const SamplerParams& p = params_;
   const size_t n = logits.size();
-  float max_logit = -INFINITY;
-  for (size_t i = 0; i < n; ++i) {
-    const float l = logits[i];
-    if (std::isnan(l) || l == INFINITY) {
-      throw_error(ErrorCode::InvalidArgument, kWhere,
-                  "logit " + std::to_string(i) + " is " + std::to_string(l));
+  bool bad = false;
+  const float max_logit = max_of(logits.data(), n, &bad);
+  if (bad) {
+    for (size_t k = 0; k < n; ++k) {
+      if (!(logits[k] < INFINITY)) {
+        throw_error(ErrorCode::InvalidArgument, kWhere,
+                    "logit " + std::to_string(k) + " is " + std::to_string(logits[k]));
+      }
     }
-    max_logit = std::max(max_logit, l);
   }
   TANDEM_CHECK_ARG(max_logit > -INFINITY, kWhere, "every logit is -inf");
 
-  // Visits every drawable token (logit > -inf after penalties) in id order.
+  // Walks the tokens in id order: runs of unpenalized ids go to run(begin, end) as they are,
+  // each penalized token to one(id, logit after penalties).
   const std::vector<std::pair<int32_t, int>> counts = penalty_counts(n);
-  auto for_each_token = [&](auto&& visit) {
-    size_t next = 0;
-    for (size_t i = 0; i < n; ++i) {
-      float l = logits[i];
-      if (next < counts.size() && static_cast<size_t>(counts[next].first) == i) {
-        l = l <= 0.0f ? l * p.repeat_penalty : l / p.repeat_penalty;
-        l -= static_cast<float>(counts[next].second) * p.frequency_penalty + p.presence_penalty;
-        ++next;
-      }
-      if (l > -INFINITY) visit(TokenCandidate{static_cast<int32_t>(i), l, 0.0f});
+  auto walk = [&](auto&& run, auto&& one) {
+    size_t start = 0;
+    for (const auto& [id, count] : counts) {
+      const auto at = static_cast<size_t>(id);
+      if (at > start) run(start, at);
+      float l = logits[at];
+      l = l <= 0.0f ? l * p.repeat_penalty : l / p.repeat_penalty;
+      l -= static_cast<float>(count) * p.frequency_penalty + p.presence_penalty;
+      one(id, l);
+      start = at + 1;
     }
+    if (n > start) run(start, n);
   };
 
   if (p.temperature <= 0.0f) {
+    // Greedy: ids come in increasing order, so only a strictly larger logit wins a tie-free
+    // first-index argmax.
     TokenCandidate best{-1, -INFINITY, 1.0f};
-    for_each_token([&](const TokenCandidate& t) {
-      if (best.id < 0 || t.logit > best.logit) best = {t.id, t.logit, 1.0f};
-    });
+    walk(
+        [&](size_t begin, size_t end) {
+          const float m = counts.empty() ? max_logit : max_of(logits.data() + begin, end - begin);
+          if (!(m > best.logit)) return;
+          const size_t at = static_cast<size_t>(
+              std::find(logits.begin() + static_cast<std::ptrdiff_t>(begin), logits.end(), m) -
+              logits.begin());
+          best = {static_cast<int32_t>(at), m, 1.0f};
+        },
+        [&](int32_t id, float l) {
+          if (l > best.logit) best = {id, l, 1.0f};
+        });
     TANDEM_CHECK_ARG(best.id >= 0, kWhere, "every logit is -inf after penalties");
     return {best};
   }
@@ -115,24 +151,43 @@ std::vector<TokenCandidate> Sampler::select(std::span<const float> logits, bool 
   std::vector<TokenCandidate> c;
   size_t n_sorted = 0;
   if (p.top_k > 0) {
-    // top-k in one pass: a heap whose top is the worst of the k best so far.
+    // top-k in one pass: a heap whose top is the worst of the k best so far; a token enters
+    // only above that threshold (ids rise, so a tie never beats an earlier token).
     const size_t k = static_cast<size_t>(p.top_k);
     c.reserve(std::min(k, n));
-    for_each_token([&](const TokenCandidate& t) {
+    float threshold = -INFINITY;
+    auto admit = [&](int32_t id, float l) {
+      if (!(l > threshold)) return;
       if (c.size() < k) {
-        c.push_back(t);
+        c.push_back({id, l, 0.0f});
         std::push_heap(c.begin(), c.end(), by_logit_desc);
-      } else if (by_logit_desc(t, c.front())) {
+      } else {
         std::pop_heap(c.begin(), c.end(), by_logit_desc);
-        c.back() = t;
+        c.back() = {id, l, 0.0f};
         std::push_heap(c.begin(), c.end(), by_logit_desc);
       }
-    });
+      if (c.size() == k) threshold = c.front().logit;
+    };
+    walk(
+        [&](size_t begin, size_t end) {
+          for (size_t at = begin; at < end; ++at) {
+            if (logits[at] > threshold) admit(static_cast<int32_t>(at), logits[at]);
+          }
+        },
+        admit);
     std::sort_heap(c.begin(), c.end(), by_logit_desc);
     n_sorted = c.size();
   } else {
     c.reserve(n);
-    for_each_token([&](const TokenCandidate& t) { c.push_back(t); });
+    walk(
+        [&](size_t begin, size_t end) {
+          for (size_t at = begin; at < end; ++at) {
+            if (logits[at] > -INFINITY) c.push_back({static_cast<int32_t>(at), logits[at], 0.0f});
+          }
+        },
+        [&](int32_t id, float l) {
+          if (l > -INFINITY) c.push_back({id, l, 0.0f});
+        });
   }
   TANDEM_CHECK_ARG(!c.empty(), kWhere, "every logit is -inf after penalties");
   const size_t min_keep = static_cast<size_t>(p.min_keep);

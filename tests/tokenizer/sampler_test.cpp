@@ -85,6 +85,10 @@ TEST(Sampler, TopKKeepsTheKBest) {
   const double e = std::exp(1.0);
   EXPECT_NEAR(c[0].p, e / (1.0 + e), 1e-6);
   EXPECT_NEAR(c[1].p, 1.0 / (1.0 + e), 1e-6);
+  // Ties go to the lower id, as in a stable sort.
+  p.top_k = 3;
+  EXPECT_EQ(ids_of(Sampler(p).candidates(std::vector<float>{1.0f, 2.0f, 1.0f, 1.0f, 1.0f})),
+            (std::vector<int32_t>{1, 0, 2}));
 }
 
 TEST(Sampler, TopPKeepsTheSmallestPrefixReachingP) {
@@ -179,11 +183,15 @@ TEST(Sampler, FastPathsMatchTheStraightforwardPipeline) {
   const uint64_t seed = std::random_device{}();
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
-  for (int trial = 0; trial < 60; ++trial) {
+  for (int trial = 0; trial < 150; ++trial) {
     const size_t n = 1 + rng() % 3000;
     std::vector<float> logits(n);
     const float spread = 0.1f + 8.0f * unit(rng);
     for (float& l : logits) l = spread * (2.0f * unit(rng) - 1.0f);
+    // Ties: a few distinct values only, so the id order decides.
+    if (trial % 5 == 1) {
+      for (float& l : logits) l = std::round(l);
+    }
     if (trial % 3 == 0 && n > 1) logits[rng() % n] = -INFINITY;  // one stays finite
     SamplerParams p;
     p.temperature = 0.3f + unit(rng);
@@ -195,6 +203,12 @@ TEST(Sampler, FastPathsMatchTheStraightforwardPipeline) {
     p.presence_penalty = 0.2f;
     Sampler s(p);
     std::vector<int32_t> history;
+    // Often penalize the best token itself, as greedy decoding with a penalty does.
+    if (trial % 2 == 0) {
+      const auto best = std::max_element(logits.begin(), logits.end()) - logits.begin();
+      history.push_back(static_cast<int32_t>(best));
+      s.accept(static_cast<int32_t>(best));
+    }
     for (int h = 0; h < 10; ++h) {
       const auto t = static_cast<int32_t>(rng() % n);
       history.push_back(t);
@@ -207,6 +221,17 @@ TEST(Sampler, FastPathsMatchTheStraightforwardPipeline) {
     double sum = 0.0;
     for (const auto& t : c) sum += t.p;
     EXPECT_NEAR(sum, 1.0, 1e-5);
+    // Greedy with the same penalties: the first id of the full best-first order.
+    SamplerParams g = p;
+    g.temperature = 0.0f;
+    g.top_k = 0;
+    g.top_p = 1.0f;
+    g.min_p = 0.0f;
+    g.min_keep = 1;
+    Sampler greedy(g);
+    for (int32_t t : history) greedy.accept(t);
+    EXPECT_EQ(greedy.sample(logits), reference_ids(logits, g, history).front())
+        << "trial " << trial << " seed " << seed;
   }
 }
 
