@@ -272,6 +272,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     if (op == OpKind::Input) {
       t.src_group = kUserInput;
       t.input_index = input_index[size_t(s)];
+      plan->inputs[t.input_index].used = true;
     } else {
       if (valid[size_t(s)] == 0) {
         throw_error(ErrorCode::Internal, where,
