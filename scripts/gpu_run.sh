@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (device tool): builds Release for sm_90, runs cuda_test, the
+# conformance tests and cuda_bench, writes logs under $OUT and prints a short table last.
+# Google Test/Benchmark come from ./deps (a prefix copied from the build machine) when the
+# machine has none; ./prebuilt holds binaries built elsewhere, used only if the build fails.
+set -u
+OUT=${OUT:-/tmp/tandem_gpu_out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+  nvcc --version | tail -1
+  cmake --version | head -1
+  c++ --version | head -1
+} >"$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+PREFIX=()
+if [ -d deps ]; then
+  PREFIX=(-DCMAKE_PREFIX_PATH="$ROOT/deps")
+  export LD_LIBRARY_PATH="$ROOT/deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
+BIN=build/gpu
+start=$(date +%s)
+if cmake -S . -B build/gpu -G Ninja -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DCMAKE_BUILD_TYPE=Release -DTANDEM_WERROR=ON "${PREFIX[@]}" >"$OUT/configure.log" 2>&1 &&
+  cmake --build build/gpu -j16 >"$OUT/build.log" 2>&1; then
+  echo "build: ok in $(($(date +%s) - start)) s"
+else
+  echo "build: FAILED after $(($(date +%s) - start)) s"
+  tail -25 "$OUT/configure.log" "$OUT/build.log" 2>/dev/null
+  BIN=prebuilt
+fi
+
+echo "== cuda_test"
+"$BIN/tests/cuda/cuda_test" --gtest_brief=1 >"$OUT/cuda_test.log" 2>&1
+echo "cuda_test exit $?"
+grep -E "FAILED|Failure|nmse|PASSED|SKIPPED" "$OUT/cuda_test.log" | head -40
+for t in "$BIN"/tests/conformance/*test; do
+  [ -x "$t" ] || continue
+  echo "== $(basename "$t")"
+  "$t" --gtest_brief=1 >"$OUT/conformance.log" 2>&1
+  echo "conformance exit $?"
+  grep -E "FAILED|PASSED|SKIPPED" "$OUT/conformance.log" | head -20
+done
+
+echo "== cuda_bench"
+"$BIN/bench/cuda_bench" --benchmark_out="$OUT/cuda_bench.json" --benchmark_out_format=json \
+  --benchmark_min_time=0.2 >"$OUT/cuda_bench.log" 2>&1 ||
+  "$BIN/bench/cuda_bench" --benchmark_out="$OUT/cuda_bench.json" --benchmark_out_format=json \
+    >"$OUT/cuda_bench.log" 2>&1
+echo "cuda_bench exit $?"
+python3 - "$OUT/cuda_bench.json" <<'PY'
+import json, sys
+try:
+    data = json.load(open(sys.argv[1]))
+except Exception as e:  # the log says why
+    print("no benchmark json:", e); sys.exit(0)
+print(data["context"].get("host_name", ""), "|", data["context"].get("date", ""))
+print(f"{'benchmark':58} {'median_us':>10} {'GB/s':>8} {'%copy':>6} {'TFLOP/s':>8}")
+for b in data["benchmarks"]:
+    if b.get("error_occurred"):
+        print(f"{b['name']:58} error: {b.get('error_message')}"); continue
+    g = lambda k: b.get(k, float("nan"))
+    print(f"{b['name'][:58]:58} {g('median_us'):10.2f} {g('GB/s'):8.0f} {g('pct_of_copy'):6.1f} {g('TFLOP/s'):8.1f}")
+PY

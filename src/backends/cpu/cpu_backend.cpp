@@ -1,0 +1,121 @@
+#include "cpu_backend.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "cpu_features.h"
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace cpu {
+
+namespace {
+
+Isa choose_isa(std::optional<Isa> requested) {
+  if (requested) return *requested;
+  if (const char* env = std::getenv("TANDEM_CPU_ISA"); env && *env) {
+    Isa isa;
+    TANDEM_CHECK_ARG(isa_from_name(env, &isa), "cpu",
+                     std::string("unknown TANDEM_CPU_ISA '") + env +
+                         "' (known: scalar, avx2, avx512, avx512_vnni)");
+    return isa;
+  }
+  return best_isa();
+}
+
+}  // namespace
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar:
+      return "scalar";
+    case Isa::Avx2:
+      return "avx2";
+    case Isa::Avx512:
+      return "avx512";
+    case Isa::Avx512Vnni:
+      return "avx512_vnni";
+  }
+  return "unknown";
+}
+
+const Kernels& kernels_for(Isa isa) {
+  if (int(isa) > int(best_isa())) {
+    throw_error(ErrorCode::Unsupported, "cpu",
+                "this CPU cannot run the " + std::string(isa_name(isa)) +
+                    " kernels (best: " + std::string(isa_name(best_isa())) + ")");
+  }
+  switch (isa) {
+    case Isa::Scalar:
+      return kernels_scalar();
+    case Isa::Avx2:
+      return kernels_avx2();
+    case Isa::Avx512:
+      return kernels_avx512();
+    case Isa::Avx512Vnni:
+      return kernels_avx512_vnni();
+  }
+  return kernels_scalar();
+}
+
+std::vector<OpCapability> CpuBackend::cpu_capabilities() {
+  return ReferenceBackend::reference_capabilities();
+}
+
+CpuBackend::CpuBackend(int threads, std::optional<Isa> isa)
+    : HostBackend("cpu"),
+      pool_(threads > 0 ? threads : physical_core_count()),
+      kernels_(&kernels_for(choose_isa(isa))),
+      capabilities_(cpu_capabilities()) {
+  features_ = feature_names(cpu_features());
+  features_.push_back("kernels_" + std::string(isa_name(kernels_->isa)));
+}
+
+void CpuBackend::execute(const Graph& graph, const NodeExecution& e) {
+  CapabilityCheck c = check(graph, *e.node);
+  if (!c.ok()) throw_error(ErrorCode::Unsupported, "cpu", c.detail);
+  std::lock_guard<std::mutex> lock(execute_mutex_);
+  const OpContext ctx{pool_, *kernels_, blas_policy_};
+  switch (e.node->op) {
+    case OpKind::Copy:
+    case OpKind::Dequantize:
+      return run_copy(ctx, e);
+    case OpKind::GetRows:
+      return run_get_rows(ctx, e);
+    case OpKind::MatMul:
+      return run_matmul(ctx, e);
+    case OpKind::QuantizedMatMul:
+      return run_quantized_matmul(ctx, e);
+    case OpKind::Add:
+    case OpKind::Mul:
+      return run_binary(ctx, e);
+    case OpKind::Scale:
+    case OpKind::Silu:
+    case OpKind::Gelu:
+    case OpKind::SwiGlu:
+      return run_unary(ctx, e);
+    case OpKind::Softmax:
+      return run_softmax(ctx, e);
+    case OpKind::RmsNorm:
+    case OpKind::LayerNorm:
+      return run_norm(ctx, e);
+    case OpKind::Rope:
+      return run_rope(ctx, e);
+    case OpKind::Attention:
+      return run_attention(ctx, e);
+    case OpKind::KvWrite:
+      return run_kv_write(ctx, e);
+    default:
+      throw_error(ErrorCode::Unsupported, "cpu",
+                  "op " + std::string(op_name(e.node->op)) + " is not executable");
+  }
+}
+
+}  // namespace cpu
+
+std::shared_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_shared<cpu::CpuBackend>(threads);
+}
+
+}  // namespace tandem

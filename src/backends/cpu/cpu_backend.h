@@ -1,0 +1,44 @@
+// The fast CPU backend: a persistent thread pool and SIMD kernels picked at run time
+// (scalar, AVX2, AVX-512, AVX-512 VNNI), over host buffers shared with the reference.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+#include "ops/ops.h"
+#include "reference_backend.h"
+#include "thread_pool.h"
+
+namespace tandem::cpu {
+
+class CpuBackend : public HostBackend {
+ public:
+  // threads <= 0: one per physical core. isa: the kernel set; by default the best this CPU
+  // runs, or the one named by TANDEM_CPU_ISA (scalar, avx2, avx512, avx512_vnni).
+  // Throws Unsupported for an ISA this CPU lacks, InvalidArgument for an unknown name.
+  explicit CpuBackend(int threads = 0, std::optional<Isa> isa = std::nullopt);
+
+  const std::vector<OpCapability>& capabilities() const override { return capabilities_; }
+  void execute(const Graph& graph, const NodeExecution& exec) override;
+
+  int threads() const { return pool_.size(); }
+  Isa isa() const { return kernels_->isa; }
+  ThreadPool& pool() { return pool_; }
+  void set_blas_policy(BlasPolicy policy) { blas_policy_ = policy; }
+
+  // Every row this backend declares: the same ops and dtypes as the reference.
+  static std::vector<OpCapability> cpu_capabilities();
+
+ private:
+  ThreadPool pool_;
+  const Kernels* kernels_;
+  std::vector<OpCapability> capabilities_;
+  BlasPolicy blas_policy_ = BlasPolicy::Auto;
+  std::mutex execute_mutex_;  // kernels share per-backend scratch and the pool
+};
+
+}  // namespace tandem::cpu

@@ -1,0 +1,47 @@
+// Op drivers of the CPU backend: each splits its op over the pool and calls the per-ISA
+// kernels row by row. One op family per file; CpuBackend::execute dispatches here.
+#pragma once
+
+#include "../kernels.h"
+#include "../thread_pool.h"
+#include "tandem/backend.h"
+
+namespace tandem::cpu {
+
+// How F32 MatMul picks OpenBLAS (see ops/matmul.cpp and bench/NOTES.md).
+enum class BlasPolicy : uint8_t { Auto, Always, Never };
+
+struct OpContext {
+  ThreadPool& pool;
+  const Kernels& k;
+  BlasPolicy blas = BlasPolicy::Auto;
+};
+
+void run_copy(const OpContext& ctx, const NodeExecution& e);  // Copy and Dequantize
+void run_get_rows(const OpContext& ctx, const NodeExecution& e);
+void run_matmul(const OpContext& ctx, const NodeExecution& e);
+void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e);
+void run_binary(const OpContext& ctx, const NodeExecution& e);  // Add, Mul
+void run_unary(const OpContext& ctx, const NodeExecution& e);   // Scale, Silu, Gelu, SwiGlu
+void run_softmax(const OpContext& ctx, const NodeExecution& e);
+void run_norm(const OpContext& ctx, const NodeExecution& e);  // RmsNorm, LayerNorm
+void run_rope(const OpContext& ctx, const NodeExecution& e);
+void run_attention(const OpContext& ctx, const NodeExecution& e);
+void run_kv_write(const OpContext& ctx, const NodeExecution& e);
+
+// One contiguous row of n elements of dtype to float32 and back (quantized: n % 32 == 0).
+void row_to_f32(const Kernels& k, DType dtype, const void* src, float* dst, int64_t n);
+void row_from_f32(const Kernels& k, DType dtype, const float* src, void* dst, int64_t n);
+
+// Splits an M x N output (M weight rows, N activation columns) over the pool: by rows in
+// multiples of kTileRows when there are enough, else by columns. fn(m0, m1, n0, n1).
+void split_output(ThreadPool& pool, int64_t M, int64_t N,
+                  const std::function<void(int64_t, int64_t, int64_t, int64_t)>& fn);
+
+// Throws InvalidArgument unless every position lies in [0, limit).
+void check_positions(const char* where, const int32_t* pos, int64_t n, int64_t limit);
+
+// Elements per task below which splitting over threads costs more than it saves.
+inline constexpr int64_t kElementwiseGrain = 16384;
+
+}  // namespace tandem::cpu

@@ -1,0 +1,185 @@
+// Kernel-level checks the graph harness cannot reach: every tile shape and odd block count of
+// the integer dot kernels on every ISA, exp accuracy, bit-exact half/bfloat conversions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cpu_features.h"
+#include "kernels.h"
+#include "tandem/dtype.h"
+
+namespace tandem::cpu {
+namespace {
+
+std::vector<const Kernels*> runnable_tables() {
+  std::vector<const Kernels*> out;
+  for (int i = 0; i <= int(best_isa()); ++i) out.push_back(&kernels_for(Isa(i)));
+  return out;
+}
+
+// Exact dot of dequantized weights with dequantized activations (what the kernels compute,
+// up to float rounding).
+double exact_dot(DType wt, const uint8_t* row, const int8_t* qs, const float* d, int64_t k) {
+  std::vector<float> w(static_cast<size_t>(k));
+  to_f32(wt, row, w.data(), k);
+  double s = 0.0;
+  for (int64_t i = 0; i < k; ++i) s += double(w[size_t(i)]) * double(qs[i]) * double(d[i / 32]);
+  return s;
+}
+
+TEST(CpuKernels, QuantTilesEveryShapeAndIsa) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int64_t blocks : {1, 2, 3, 7, 8}) {
+    const int64_t k = blocks * 32;
+    const int rows = 4, cols = 4;
+    std::vector<float> wf(static_cast<size_t>(rows * k)), xf(static_cast<size_t>(cols * k));
+    for (float& v : wf) v = dist(rng);
+    for (float& v : xf) v = dist(rng);
+    for (DType wt : {DType::Q4_0, DType::Q8_0}) {
+      const size_t rb = row_bytes(wt, k);
+      std::vector<uint8_t> w(rb * rows);
+      for (int r = 0; r < rows; ++r) from_f32(wt, wf.data() + r * k, w.data() + r * rb, k);
+      for (const Kernels* kt : runnable_tables()) {
+        SCOPED_TRACE(std::string(isa_name(kt->isa)) + " " + std::string(dtype_name(wt)) +
+                     " blocks " + std::to_string(blocks));
+        std::vector<int8_t> qs(static_cast<size_t>(cols * k));
+        std::vector<float> d(static_cast<size_t>(cols * blocks));
+        std::vector<int32_t> bias(static_cast<size_t>(cols * blocks * kBiasLanes));
+        for (int c = 0; c < cols; ++c) {
+          kt->quantize_activations(xf.data() + c * k, k, qs.data() + c * k, d.data() + c * blocks,
+                                   bias.data() + c * blocks * kBiasLanes);
+        }
+        const QuantizedActivations act{qs.data(), d.data(), bias.data(), k};
+        auto tile = wt == DType::Q4_0 ? kt->q4_0_tile : kt->q8_0_tile;
+        for (int tr = 1; tr <= rows; ++tr)
+          for (int tc = 1; tc <= cols; ++tc)
+            for (int col0 = 0; col0 + tc <= cols; ++col0) {
+              std::vector<float> out(static_cast<size_t>(cols * rows), -7.0f);
+              tile(w.data(), rb, tr, act, col0, tc, out.data(), rows);
+              for (int c = 0; c < tc; ++c)
+                for (int r = 0; r < tr; ++r) {
+                  const double want = exact_dot(wt, w.data() + r * rb, qs.data() + (col0 + c) * k,
+                                                d.data() + (col0 + c) * blocks, k);
+                  EXPECT_NEAR(out[size_t(c * rows + r)], want, 1e-4 * (1.0 + std::fabs(want)))
+                      << "tile " << tr << "x" << tc << " col0 " << col0 << " r " << r << " c " << c;
+                }
+              // Nothing outside the tile is written.
+              for (int c = 0; c < cols; ++c)
+                for (int r = 0; r < rows; ++r) {
+                  if (c >= tc || r >= tr) {
+                    ASSERT_EQ(out[size_t(c * rows + r)], -7.0f);
+                  }
+                }
+            }
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, ActivationQuantizationIsCloseAndSumsMatch) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(256);
+  for (float& v : x) v = dist(rng);
+  for (const Kernels* kt : runnable_tables()) {
+    std::vector<int8_t> qs(256);
+    std::vector<float> d(8);
+    std::vector<int32_t> bias(64);
+    kt->quantize_activations(x.data(), 256, qs.data(), d.data(), bias.data());
+    for (int b = 0; b < 8; ++b) {
+      int32_t sum = 0;
+      for (int j = 0; j < 32; ++j) {
+        sum += qs[size_t(b * 32 + j)];
+        EXPECT_NEAR(qs[size_t(b * 32 + j)] * d[size_t(b)], x[size_t(b * 32 + j)],
+                    d[size_t(b)] * 0.5001f);
+      }
+      EXPECT_EQ(bias[size_t(b * 8)], -8 * sum) << isa_name(kt->isa);
+      for (int j = 1; j < 8; ++j) EXPECT_EQ(bias[size_t(b * 8 + j)], 0);
+    }
+  }
+}
+
+TEST(CpuKernels, ExpIsAccurate) {
+  for (const Kernels* kt : runnable_tables()) {
+    std::vector<float> x;
+    for (float v = -100.0f; v <= 88.0f; v += 0.037f) x.push_back(v);
+    std::vector<float> y = x;
+    kt->exp_inplace(y.data(), int64_t(y.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double want = std::exp(double(x[i]));
+      if (x[i] < -87.3f) {
+        EXPECT_LE(y[i], 1.2e-38f);
+      } else {
+        EXPECT_NEAR(y[i] / want, 1.0, 3e-7) << isa_name(kt->isa) << " x " << x[i];
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, HalfAndBfloatConversionsAreBitExact) {
+  std::mt19937 rng(std::random_device{}());
+  std::vector<float> x;
+  std::uniform_real_distribution<float> dist(-70000.0f, 70000.0f);
+  for (int i = 0; i < 4000; ++i) x.push_back(dist(rng) * (i % 3 == 0 ? 1e-8f : 1.0f));
+  x.push_back(NAN);
+  x.push_back(INFINITY);
+  x.push_back(-0.0f);
+  for (const Kernels* kt : runnable_tables()) {
+    std::vector<uint16_t> h(x.size()), b(x.size());
+    kt->f32_to_f16(x.data(), h.data(), int64_t(x.size()));
+    kt->f32_to_bf16(x.data(), b.data(), int64_t(x.size()));
+    std::vector<float> back(x.size());
+    kt->f16_to_f32(h.data(), back.data(), int64_t(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (std::isnan(x[i])) {
+        EXPECT_TRUE(std::isnan(f16_to_f32(h[i])));
+        EXPECT_TRUE(std::isnan(bf16_to_f32(b[i])));
+        continue;
+      }
+      EXPECT_EQ(h[i], f32_to_f16(x[i])) << isa_name(kt->isa) << " " << x[i];
+      EXPECT_EQ(b[i], f32_to_bf16(x[i])) << isa_name(kt->isa) << " " << x[i];
+      const float hb = f16_to_f32(h[i]);
+      EXPECT_EQ(std::memcmp(&back[i], &hb, sizeof hb), 0);
+    }
+  }
+}
+
+TEST(CpuKernels, SoftmaxOfFullyMaskedRowIsZero) {
+  for (const Kernels* kt : runnable_tables()) {
+    std::vector<float> x(40, 1.0f), mask(40, -INFINITY), out(40, 5.0f);
+    kt->softmax_row(x.data(), mask.data(), 1.0f, out.data(), 40);
+    for (float v : out) EXPECT_EQ(v, 0.0f);
+  }
+}
+
+TEST(CpuKernels, F32TileEveryShape) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int64_t k : {1, 7, 16, 33, 100}) {
+    std::vector<float> a(static_cast<size_t>(4 * k)), b(static_cast<size_t>(4 * k));
+    for (float& v : a) v = dist(rng);
+    for (float& v : b) v = dist(rng);
+    for (const Kernels* kt : runnable_tables())
+      for (int r = 1; r <= 4; ++r)
+        for (int c = 1; c <= 4; ++c) {
+          std::vector<float> out(16, -7.0f);
+          kt->f32_tile(a.data(), k, r, b.data(), k, c, k, out.data(), 4);
+          for (int j = 0; j < c; ++j)
+            for (int i = 0; i < r; ++i) {
+              double want = 0.0;
+              for (int64_t t = 0; t < k; ++t)
+                want += double(a[size_t(i * k + t)]) * b[size_t(j * k + t)];
+              EXPECT_NEAR(out[size_t(j * 4 + i)], want, 1e-4) << isa_name(kt->isa);
+            }
+        }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cpu

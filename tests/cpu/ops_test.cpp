@@ -1,0 +1,348 @@
+// Every op family of the CPU backend against the reference, for every kernel set this CPU
+// runs (scalar, AVX2, AVX-512, AVX-512 VNNI) and for 1 and 3 threads, over odd shapes.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "cpu_features.h"
+#include "op_compare.h"
+#include "tandem/error.h"
+
+namespace tandem::cpu::cpu_test {
+namespace {
+
+constexpr double kExact = 1e-7, kSoftmax = 1e-6, kMatMul = 5e-4, kRope = 1e-3;
+
+std::vector<OpCase> all_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](std::string name, std::function<TensorId(Graph&)> build, double threshold,
+                 int32_t int_max = 1, bool increasing = false) {
+    cases.push_back({std::move(name), std::move(build), threshold, int_max, increasing});
+  };
+  // Copy / Cast / quantize / dequantize.
+  const DType convertible[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+  for (DType from : convertible)
+    for (DType to : convertible) {
+      add(
+          "copy_" + std::string(dtype_name(from)) + "_" + std::string(dtype_name(to)),
+          [=](Graph& g) {
+            return g.copy(g.input("a", from, {64, 7, 2}), to);
+          },
+          kExact);
+    }
+  add(
+      "copy_f32_transposed",
+      [](Graph& g) {
+        return g.copy(g.transpose(g.input("a", DType::F32, {13, 9})), DType::F32);
+      },
+      kExact);
+  add(
+      "copy_f16_permuted_to_f32",
+      [](Graph& g) {
+        return g.copy(g.permute(g.input("a", DType::F16, {5, 6, 7}), {2, 0, 1, 3}), DType::F32);
+      },
+      kExact);
+  add(
+      "copy_i32_transposed",
+      [](Graph& g) {
+        return g.copy(g.transpose(g.input("a", DType::I32, {5, 11})), DType::I32);
+      },
+      kExact, 1000);
+  add(
+      "copy_i8",
+      [](Graph& g) {
+        return g.copy(g.input("a", DType::I8, {33, 3}), DType::I8);
+      },
+      kExact);
+  for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
+    add(
+        "dequantize_" + std::string(dtype_name(d)),
+        [=](Graph& g) {
+          return g.dequantize(g.weight("w", d, {96, 5}));
+        },
+        kExact);
+  }
+  for (DType d : convertible) {
+    add(
+        "get_rows_" + std::string(dtype_name(d)),
+        [=](Graph& g) {
+          return g.get_rows(g.weight("t", d, {64, 50}), g.input("ids", DType::I32, {9}));
+        },
+        kExact, 50);
+  }
+  // MatMul: odd sizes, the matrix-vector path, the tiled path, the OpenBLAS path, batches.
+  struct Mm {
+    int64_t k, m, n, a2, b2;
+  };
+  for (DType d : {DType::F32, DType::F16, DType::BF16}) {
+    for (Mm s : {Mm{33, 7, 5, 1, 1}, Mm{256, 67, 1, 1, 1}, Mm{64, 9, 2, 1, 1},
+                 Mm{128, 130, 40, 1, 1}, Mm{48, 8, 6, 1, 3}, Mm{32, 12, 4, 2, 2}}) {
+      add(
+          "matmul_" + std::string(dtype_name(d)) + "_" + std::to_string(s.k) + "x" +
+              std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.b2),
+          [=](Graph& g) {
+            return g.matmul(g.weight("a", d, {s.k, s.m, s.a2}),
+                            g.input("b", DType::F32, {s.k, s.n, s.b2}));
+          },
+          kMatMul);
+    }
+  }
+  for (DType d : {DType::Q8_0, DType::Q4_0}) {
+    for (Mm s : {Mm{32, 1, 1, 1, 1}, Mm{64, 5, 1, 1, 1}, Mm{96, 7, 3, 1, 1}, Mm{64, 17, 1, 1, 1},
+                 Mm{64, 4, 4, 1, 1}, Mm{256, 67, 5, 1, 1}, Mm{512, 130, 33, 1, 1},
+                 Mm{160, 9, 70, 1, 1}, Mm{64, 8, 4, 2, 2}}) {
+      add(
+          "qmatmul_" + std::string(dtype_name(d)) + "_" + std::to_string(s.k) + "x" +
+              std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.b2),
+          [=](Graph& g) {
+            return g.matmul(g.weight("a", d, {s.k, s.m, s.a2}),
+                            g.input("b", DType::F32, {s.k, s.n, s.b2}));
+          },
+          kMatMul);
+    }
+  }
+  // Elementwise.
+  for (bool is_add : {true, false}) {
+    const std::string op = is_add ? "add" : "mul";
+    auto make = [is_add](Graph& g, TensorId a, TensorId b) {
+      return is_add ? g.add(a, b) : g.mul(a, b);
+    };
+    add(
+        op + "_same",
+        [=](Graph& g) {
+          return make(g, g.input("a", DType::F32, {37, 5, 3}),
+                      g.input("b", DType::F32, {37, 5, 3}));
+        },
+        kExact);
+    add(
+        op + "_row_broadcast",
+        [=](Graph& g) {
+          return make(g, g.input("a", DType::F32, {37, 5, 3}), g.input("b", DType::F32, {37}));
+        },
+        kExact);
+    add(
+        op + "_column_broadcast",
+        [=](Graph& g) {
+          return make(g, g.input("a", DType::F32, {16, 4, 3}), g.input("b", DType::F32, {1, 4, 1}));
+        },
+        kExact);
+    add(
+        op + "_inner_repeat",
+        [=](Graph& g) {
+          return make(g, g.input("a", DType::F32, {24, 4, 3}), g.input("b", DType::F32, {8, 1, 3}));
+        },
+        kExact);
+  }
+  add(
+      "scale",
+      [](Graph& g) {
+        return g.scale(g.input("x", DType::F32, {1000, 3}), -0.37f);
+      },
+      kExact);
+  add(
+      "silu",
+      [](Graph& g) {
+        return g.silu(g.input("x", DType::F32, {20000, 2}));
+      },
+      kExact);
+  add(
+      "gelu",
+      [](Graph& g) {
+        return g.gelu(g.input("x", DType::F32, {1001, 3}));
+      },
+      kExact);
+  add(
+      "swiglu",
+      [](Graph& g) {
+        return g.swiglu(g.input("g", DType::F32, {513, 2}), g.input("u", DType::F32, {513, 2}));
+      },
+      kExact);
+  // Softmax, norms, RoPE.
+  add(
+      "softmax",
+      [](Graph& g) {
+        return g.softmax(g.input("x", DType::F32, {70, 6}));
+      },
+      kSoftmax);
+  add(
+      "softmax_mask_scale",
+      [](Graph& g) {
+        return g.softmax(g.input("x", DType::F32, {70, 6, 2}), g.input("m", DType::F32, {70, 8}),
+                         0.5f);
+      },
+      kSoftmax);
+  add(
+      "rms_norm_w",
+      [](Graph& g) {
+        return g.rms_norm(g.input("x", DType::F32, {4096, 3}), g.weight("w", DType::F32, {4096}),
+                          1e-5f);
+      },
+      kExact);
+  add(
+      "rms_norm",
+      [](Graph& g) {
+        return g.rms_norm(g.input("x", DType::F32, {31, 5}), kNoTensor, 1e-6f);
+      },
+      kExact);
+  add(
+      "layer_norm_wb",
+      [](Graph& g) {
+        return g.layer_norm(g.input("x", DType::F32, {300, 4}), g.weight("w", DType::F32, {300}),
+                            g.weight("b", DType::F32, {300}), 1e-5f);
+      },
+      kExact);
+  add(
+      "layer_norm",
+      [](Graph& g) {
+        return g.layer_norm(g.input("x", DType::F32, {45, 2}), kNoTensor, kNoTensor, 1e-5f);
+      },
+      kExact);
+  add(
+      "rope_full",
+      [](Graph& g) {
+        return g.rope(g.input("x", DType::F32, {64, 4, 5}), g.input("p", DType::I32, {5}), 64,
+                      10000.0f);
+      },
+      kRope, 4096);
+  add(
+      "rope_partial",
+      [](Graph& g) {
+        return g.rope(g.input("x", DType::F32, {128, 3, 2}), g.input("p", DType::I32, {2}), 32,
+                      500000.0f);
+      },
+      kRope, 100000);
+  // Attention over f32 and f16 caches, prefill (several tokens) and decode (one, long).
+  for (DType kv : {DType::F32, DType::F16}) {
+    const std::string t(dtype_name(kv));
+    add(
+        "attention_prefill_" + t,
+        [=](Graph& g) {
+          return g.attention(g.input("q", DType::F32, {64, 8, 3}),
+                             g.kv_cache("k", kv, {64, 2, 100}), g.kv_cache("v", kv, {64, 2, 100}),
+                             g.input("p", DType::I32, {3}), 0.125f);
+        },
+        kMatMul, 100, true);
+    add(
+        "attention_decode_" + t,
+        [=](Graph& g) {
+          return g.attention(g.input("q", DType::F32, {128, 4, 1}),
+                             g.kv_cache("k", kv, {128, 4, 300}), g.kv_cache("v", kv, {128, 4, 300}),
+                             g.input("p", DType::I32, {1}), 0.088f);
+        },
+        kMatMul, 300);
+    add(
+        "kv_write_" + t,
+        [=](Graph& g) {
+          return g.kv_write(g.kv_cache("c", kv, {64, 2, 50}), g.input("s", DType::F32, {64, 2, 3}),
+                            g.input("p", DType::I32, {3}));
+        },
+        kExact, 50, true);
+  }
+  add(
+      "attention_chunks_random_positions",
+      [](Graph& g) {
+        return g.attention(
+            g.input("q", DType::F32, {32, 2, 4}), g.kv_cache("k", DType::F16, {32, 1, 1000}),
+            g.kv_cache("v", DType::F16, {32, 1, 1000}), g.input("p", DType::I32, {4}), 0.2f);
+      },
+      kMatMul, 1000);
+  add(
+      "attention_chunks_f32_odd_dim",
+      [](Graph& g) {
+        return g.attention(
+            g.input("q", DType::F32, {72, 6, 2}), g.kv_cache("k", DType::F32, {72, 3, 700}),
+            g.kv_cache("v", DType::F32, {72, 3, 700}), g.input("p", DType::I32, {2}), 0.1f);
+      },
+      kMatMul, 700);
+  add(
+      "kv_write_repeated_positions",
+      [](Graph& g) {
+        return g.kv_write(g.kv_cache("c", DType::F32, {8, 1, 4}),
+                          g.input("s", DType::F32, {8, 1, 40}), g.input("p", DType::I32, {40}));
+      },
+      kExact, 4);
+  return cases;
+}
+
+struct Config {
+  Isa isa;
+  int threads;
+};
+
+class CpuOps : public ::testing::TestWithParam<Config> {};
+
+TEST_P(CpuOps, MatchReference) {
+  const Config cfg = GetParam();
+  if (int(cfg.isa) > int(best_isa())) GTEST_SKIP() << "this CPU lacks " << isa_name(cfg.isa);
+  CpuBackend cpu(cfg.threads, cfg.isa);
+  cpu.set_blas_policy(BlasPolicy::Auto);
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (const OpCase& c : all_cases()) {
+    const double nmse = compare_with_reference(cpu, c, seed);
+    EXPECT_LE(nmse, c.threshold) << c.name << " nmse " << nmse;
+  }
+}
+
+TEST_P(CpuOps, OwnF32KernelsMatchReference) {
+  const Config cfg = GetParam();
+  if (int(cfg.isa) > int(best_isa())) GTEST_SKIP() << "this CPU lacks " << isa_name(cfg.isa);
+  CpuBackend cpu(cfg.threads, cfg.isa);
+  cpu.set_blas_policy(BlasPolicy::Never);
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (const OpCase& c : all_cases()) {
+    if (c.name.rfind("matmul_f32", 0) != 0) continue;
+    const double nmse = compare_with_reference(cpu, c, seed);
+    EXPECT_LE(nmse, c.threshold) << c.name << " nmse " << nmse;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, CpuOps,
+                         ::testing::Values(Config{Isa::Scalar, 1}, Config{Isa::Scalar, 3},
+                                           Config{Isa::Avx2, 1}, Config{Isa::Avx2, 3},
+                                           Config{Isa::Avx512, 1}, Config{Isa::Avx512, 3},
+                                           Config{Isa::Avx512Vnni, 1}, Config{Isa::Avx512Vnni, 3}),
+                         [](const ::testing::TestParamInfo<Config>& param_info) {
+                           return std::string(isa_name(param_info.param.isa)) + "_t" +
+                                  std::to_string(param_info.param.threads);
+                         });
+
+TEST(CpuOpsErrors, BadPositionsAndIdsThrow) {
+  CpuBackend cpu(2);
+  Graph g;
+  const TensorId att =
+      g.attention(g.input("q", DType::F32, {16, 2, 1}), g.kv_cache("k", DType::F32, {16, 2, 8}),
+                  g.kv_cache("v", DType::F32, {16, 2, 8}), g.input("p", DType::I32, {1}), 0.25f);
+  std::vector<float> q(32, 0.5f), kv(256, 0.5f), out(32);
+  int32_t pos = 8;  // one past the cache
+  NodeExecution e{&g.node(att),
+                  {{&g.tensor(0), q.data()},
+                   {&g.tensor(1), kv.data()},
+                   {&g.tensor(2), kv.data()},
+                   {&g.tensor(3), &pos}},
+                  {&g.tensor(att), out.data()}};
+  EXPECT_THROW(cpu.execute(g, e), Error);
+  Graph g2;
+  const TensorId rows =
+      g2.get_rows(g2.weight("t", DType::F32, {4, 3}), g2.input("i", DType::I32, {1}));
+  std::vector<float> table(12), row(4);
+  int32_t id = -1;
+  NodeExecution e2{&g2.node(rows),
+                   {{&g2.tensor(0), table.data()}, {&g2.tensor(1), &id}},
+                   {&g2.tensor(rows), row.data()}};
+  EXPECT_THROW(cpu.execute(g2, e2), Error);
+}
+
+TEST(CpuOpsErrors, RefusesWhatItDoesNotDeclare) {
+  CpuBackend cpu(1);
+  Graph g;
+  const TensorId a = g.input("a", DType::F32, {8});
+  g.reshape(a, {2, 4});
+  EXPECT_FALSE(cpu.can_execute(g, g.node(1)));  // metadata ops never run on a backend
+  for (const OpCapability& cap : cpu.capabilities()) EXPECT_TRUE(is_compute(cap.op));
+}
+
+}  // namespace
+}  // namespace tandem::cpu::cpu_test
