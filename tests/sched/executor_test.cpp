@@ -324,6 +324,19 @@ TEST_F(ExecutorTest, BadBindingsFailBeforeAnythingRuns) {
   }
 }
 
+TEST_F(ExecutorTest, AnInputNoOpReadsMayStayUnbound) {
+  auto sched = HybridScheduler::builder().with_backend(make_gpu()).build();
+  HybridExecutor exec(sched);
+  Graph g;
+  TensorId x = g.input("x", DType::F32, {8});
+  g.input("unused", DType::F32, {8});
+  TensorId y = g.scale(x, 2.0f);
+  g.mark_output(y);
+  std::vector<float> xs(8, 1.5f), ys(8, 0.0f);
+  exec.run(g, *sched.plan(g), Bindings().input("x", xs.data(), 32).output(y, ys.data(), 32));
+  EXPECT_EQ(ys[7], 3.0f);
+}
+
 TEST_F(ExecutorTest, AFailingBackendLeavesOutputsUntouchedAndLeaksNothing) {
   MiniModel model(rng_);
   auto gpu = make_gpu("gpu", caps_without({OpKind::Rope}));
