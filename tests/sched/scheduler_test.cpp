@@ -274,6 +274,26 @@ TEST(Scheduler, MemoryBudgetPutsALayerPrefixOnTheGpu) {
   EXPECT_NE(msg.find("memory_constraint"), std::string::npos) << msg;
 }
 
+TEST(Scheduler, BudgetsSplitLayersAcrossTwoGpus) {
+  Layers L;
+  auto sched = HybridScheduler::builder()
+                   .with_backend(make_cpu())
+                   .with_backend(make_gpu("gpu0"))
+                   .with_backend(make_gpu("gpu1"))
+                   .memory_budget("gpu0", 2 * kW + 4096)
+                   .memory_budget("gpu1", 2 * kW + 4096)
+                   .build();
+  auto p = sched.plan(L.g);
+  const char* want[] = {"gpu0", "gpu0", "gpu1", "gpu1"};
+  for (size_t l = 0; l < 4; ++l) {
+    EXPECT_EQ(p->at(L.mm[l]).backend->backend_id(), want[l]) << l;
+    EXPECT_EQ(p->at(L.act[l]).backend->backend_id(), want[l]) << l;
+  }
+  EXPECT_EQ(p->at(L.mm[2]).reason.kind, K::GpuAvailable);
+  EXPECT_EQ(rejected(p->at(L.mm[2]), "gpu0")->reason, RejectReason::OutOfMemory);
+  EXPECT_EQ(p->planned_transfers, 2u);  // x to gpu0, then layer 1's output to gpu1
+}
+
 TEST(Scheduler, DefaultBudgetIsTheBackendsFreeMemory) {
   TestBackend::Config c;
   c.id = "gpu";
