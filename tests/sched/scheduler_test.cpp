@@ -708,12 +708,15 @@ TEST(Capabilities, DescribedAsTextAndJson) {
   EXPECT_NE(text.find("quantized_matmul"), std::string::npos);
   EXPECT_EQ(text.find("rope"), std::string::npos);
   auto j = nlohmann::json::parse(describe_capabilities_json(*gpu));
-  EXPECT_EQ(j["backend"], "gpu");
-  EXPECT_EQ(j["kind"], "gpu");
+  EXPECT_EQ(j["backend"].get<std::string>(), "gpu");
+  EXPECT_EQ(j["kind"].get<std::string>(), "gpu");
   EXPECT_EQ(j["capabilities"].size(), gpu->capabilities().size());
   bool found = false;
   for (const auto& c : j["capabilities"]) {
-    if (c["op"] == "quantized_matmul" && c["dtypes"][0] == "q4_0") found = true;
+    if (c["op"].get<std::string>() == "quantized_matmul" &&
+        c["dtypes"][0].get<std::string>() == "q4_0") {
+      found = true;
+    }
   }
   EXPECT_TRUE(found);
 }
