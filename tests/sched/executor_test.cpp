@@ -222,6 +222,18 @@ TEST_F(ExecutorTest, PointersAreStablePerSignatureAndPlansAreReused) {
   }
 }
 
+TEST_F(ExecutorTest, IntermediatesShareMemoryAfterTheirLastUse) {
+  MiniModel model(rng_);
+  auto sched = HybridScheduler::builder().with_backend(make_cpu()).build();
+  HybridExecutor exec(sched);
+  run_steps(sched, exec, model, {{{1, 2, 3}, {0, 1, 2}}});
+  const ExecutorStats& s = exec.stats();
+  EXPECT_GT(s.last_plan_tensor_bytes, 0u);
+  // Two layers of activations fit in well under half of their total.
+  EXPECT_LT(2 * s.last_plan_arena_bytes, s.last_plan_tensor_bytes)
+      << s.last_plan_arena_bytes << " of " << s.last_plan_tensor_bytes;
+}
+
 TEST_F(ExecutorTest, KvCachesPersistAndMigrate) {
   MiniModel model(rng_);
   auto steps = prefill_then_decode(rng_);
