@@ -72,6 +72,10 @@ struct ExecutorStats {
   size_t transfer_bytes = 0;  // bytes of those copies
   size_t weight_uploads = 0;  // weights copied to a device (persistent)
   size_t kv_migrations = 0;   // KV caches moved between backends
+  // The last compiled plan: bytes of all its intermediates and copies, and of the arenas that
+  // hold them (smaller: memory is reused after each tensor's last reader).
+  size_t last_plan_tensor_bytes = 0;
+  size_t last_plan_arena_bytes = 0;
 };
 
 class HybridExecutor {

@@ -264,7 +264,9 @@ void CostModel::load_json(std::string_view text) {
     // Fields left out keep the values of the entry's kind ("kind": "cpu"|"gpu"; guessed from
     // the key when absent: "gpu..." and "cuda..." are GPUs).
     bool gpu = key.rfind("gpu", 0) == 0 || key.rfind("cuda", 0) == 0;
-    if (value.is_object() && value.contains("kind")) gpu = value.at("kind") == "gpu";
+    if (value.is_object() && value.contains("kind") && value.at("kind").is_string()) {
+      gpu = value.at("kind").get<std::string>() == "gpu";
+    }
     BackendProfile base = profile(key, gpu ? BackendKind::Gpu : BackendKind::Cpu);
     parsed[key] = parse_profile(value, base, "profiles." + key);
   }

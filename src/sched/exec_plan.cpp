@@ -272,6 +272,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     if (op == OpKind::Input) {
       t.src_group = kUserInput;
       t.input_index = input_index[size_t(s)];
+      plan->inputs[t.input_index].used = true;
     } else {
       if (valid[size_t(s)] == 0) {
         throw_error(ErrorCode::Internal, where,
@@ -378,6 +379,10 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
   }
 
   std::vector<size_t> arena_bytes = assign_offsets(plan->slots, n_groups);
+  stats.last_plan_tensor_bytes = 0;
+  stats.last_plan_arena_bytes = 0;
+  for (const Slot& s : plan->slots) stats.last_plan_tensor_bytes += s.bytes;
+  for (size_t bytes : arena_bytes) stats.last_plan_arena_bytes += bytes;
   plan->arenas.resize(G);
   for (size_t g = 0; g < G; ++g) {
     if (arena_bytes[g] == 0) continue;

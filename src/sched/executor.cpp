@@ -248,7 +248,7 @@ void resolve_bindings(const Graph& graph, ExecPlan& plan, const Bindings& bindin
     plan.input_data[k] = e.data;
   }
   for (size_t k = 0; k < plan.inputs.size(); ++k) {
-    TANDEM_CHECK_ARG(plan.input_data[k] != nullptr, where,
+    TANDEM_CHECK_ARG(plan.input_data[k] != nullptr || !plan.inputs[k].used, where,
                      "input '" + plan.inputs[k].name + "' is not bound");
   }
   for (const Bindings::Entry& e : bindings.outputs()) {

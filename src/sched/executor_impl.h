@@ -87,6 +87,7 @@ struct ExecPlan {
     TensorId id = kNoTensor;
     std::string name;
     size_t bytes = 0;
+    bool used = false;  // read by some op (an unused input may stay unbound)
   };
   std::vector<Input> inputs;
   struct Output {

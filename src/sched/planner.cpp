@@ -170,7 +170,7 @@ class Walk {
       e.check = c_.backends[b]->check(g_, n);
       const int gb = c_.group[b];
       size_t persistent = 0, transient = 0;
-      bool any_here = false;  // some input already has a copy in this backend's memory
+      bool persistent_here = false;  // reads a weight or cache already in this memory
       int source_device = kNoBackend;
       for (size_t i = 0; i < n.inputs.size(); ++i) {
         TensorId s = g_.storage_of(n.inputs[i]);
@@ -188,7 +188,8 @@ class Walk {
           }
         }
         if (m & bit(gb)) {
-          any_here = true;
+          OpKind sop = g_.node(s).op;
+          persistent_here = persistent_here || sop == OpKind::Weight || sop == OpKind::KvCache;
           continue;
         }
         const size_t bytes = g_.tensor(s).bytes();
@@ -212,9 +213,9 @@ class Walk {
       e.free = c_.budgets[b] > used_[b] ? c_.budgets[b] - used_[b] : 0;
       e.fits = e.needed <= e.free;
       const std::string& id = c_.backends[b]->backend_id();
-      // An exhausted device still takes ops that need nothing new and read data already on
-      // it (a preloaded weight, a resident activation).
-      if (exhausted_[b] && (persistent > 0 || !any_here)) {
+      // An exhausted device still takes ops on weights or caches already there (preloaded)
+      // that need no new memory; activation-only ops stay off it (no ping-pong).
+      if (exhausted_[b] && (persistent > 0 || !persistent_here)) {
         e.fits = false;
         e.needed = exhaust_needed_[b];
         e.free = exhaust_free_[b];

@@ -222,6 +222,18 @@ TEST_F(ExecutorTest, PointersAreStablePerSignatureAndPlansAreReused) {
   }
 }
 
+TEST_F(ExecutorTest, IntermediatesShareMemoryAfterTheirLastUse) {
+  MiniModel model(rng_);
+  auto sched = HybridScheduler::builder().with_backend(make_cpu()).build();
+  HybridExecutor exec(sched);
+  run_steps(sched, exec, model, {{{1, 2, 3}, {0, 1, 2}}});
+  const ExecutorStats& s = exec.stats();
+  EXPECT_GT(s.last_plan_tensor_bytes, 0u);
+  // Two layers of activations fit in well under half of their total.
+  EXPECT_LT(2 * s.last_plan_arena_bytes, s.last_plan_tensor_bytes)
+      << s.last_plan_arena_bytes << " of " << s.last_plan_tensor_bytes;
+}
+
 TEST_F(ExecutorTest, KvCachesPersistAndMigrate) {
   MiniModel model(rng_);
   auto steps = prefill_then_decode(rng_);
@@ -322,6 +334,19 @@ TEST_F(ExecutorTest, BadBindingsFailBeforeAnythingRuns) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("placement"), std::string::npos);
   }
+}
+
+TEST_F(ExecutorTest, AnInputNoOpReadsMayStayUnbound) {
+  auto sched = HybridScheduler::builder().with_backend(make_gpu()).build();
+  HybridExecutor exec(sched);
+  Graph g;
+  TensorId x = g.input("x", DType::F32, {8});
+  g.input("unused", DType::F32, {8});
+  TensorId y = g.scale(x, 2.0f);
+  g.mark_output(y);
+  std::vector<float> xs(8, 1.5f), ys(8, 0.0f);
+  exec.run(g, *sched.plan(g), Bindings().input("x", xs.data(), 32).output(y, ys.data(), 32));
+  EXPECT_EQ(ys[7], 3.0f);
 }
 
 TEST_F(ExecutorTest, AFailingBackendLeavesOutputsUntouchedAndLeaksNothing) {

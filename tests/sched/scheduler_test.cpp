@@ -274,6 +274,26 @@ TEST(Scheduler, MemoryBudgetPutsALayerPrefixOnTheGpu) {
   EXPECT_NE(msg.find("memory_constraint"), std::string::npos) << msg;
 }
 
+TEST(Scheduler, BudgetsSplitLayersAcrossTwoGpus) {
+  Layers L;
+  auto sched = HybridScheduler::builder()
+                   .with_backend(make_cpu())
+                   .with_backend(make_gpu("gpu0"))
+                   .with_backend(make_gpu("gpu1"))
+                   .memory_budget("gpu0", 2 * kW + 4096)
+                   .memory_budget("gpu1", 2 * kW + 4096)
+                   .build();
+  auto p = sched.plan(L.g);
+  const char* want[] = {"gpu0", "gpu0", "gpu1", "gpu1"};
+  for (size_t l = 0; l < 4; ++l) {
+    EXPECT_EQ(p->at(L.mm[l]).backend->backend_id(), want[l]) << l;
+    EXPECT_EQ(p->at(L.act[l]).backend->backend_id(), want[l]) << l;
+  }
+  EXPECT_EQ(p->at(L.mm[2]).reason.kind, K::GpuAvailable);
+  EXPECT_EQ(rejected(p->at(L.mm[2]), "gpu0")->reason, RejectReason::OutOfMemory);
+  EXPECT_EQ(p->planned_transfers, 2u);  // x to gpu0, then layer 1's output to gpu1
+}
+
 TEST(Scheduler, DefaultBudgetIsTheBackendsFreeMemory) {
   TestBackend::Config c;
   c.id = "gpu";
@@ -688,12 +708,15 @@ TEST(Capabilities, DescribedAsTextAndJson) {
   EXPECT_NE(text.find("quantized_matmul"), std::string::npos);
   EXPECT_EQ(text.find("rope"), std::string::npos);
   auto j = nlohmann::json::parse(describe_capabilities_json(*gpu));
-  EXPECT_EQ(j["backend"], "gpu");
-  EXPECT_EQ(j["kind"], "gpu");
+  EXPECT_EQ(j["backend"].get<std::string>(), "gpu");
+  EXPECT_EQ(j["kind"].get<std::string>(), "gpu");
   EXPECT_EQ(j["capabilities"].size(), gpu->capabilities().size());
   bool found = false;
   for (const auto& c : j["capabilities"]) {
-    if (c["op"] == "quantized_matmul" && c["dtypes"][0] == "q4_0") found = true;
+    if (c["op"].get<std::string>() == "quantized_matmul" &&
+        c["dtypes"][0].get<std::string>() == "q4_0") {
+      found = true;
+    }
   }
   EXPECT_TRUE(found);
 }

@@ -75,7 +75,7 @@ TEST(Telemetry, DebugSummaryWithNothingRecorded) {
   EXPECT_EQ(os.str().find("nan"), std::string::npos) << os.str();
   auto j = nlohmann::json::parse(t.to_json());
   EXPECT_EQ(j["events"].size(), 0u);
-  EXPECT_EQ(j["summary"]["ops"], 0);
+  EXPECT_EQ(j["summary"]["ops"].get<int>(), 0);
   auto trace = nlohmann::json::parse(t.to_chrome_trace_json());
   EXPECT_TRUE(trace["traceEvents"].is_array());
 }
@@ -113,7 +113,8 @@ TEST(Telemetry, ExportsOfARealRunParse) {
   auto trace = nlohmann::json::parse(exec.telemetry().to_chrome_trace_json());
   std::map<int, std::string> tracks;
   for (const auto& e : trace["traceEvents"]) {
-    if (e["ph"] == "M" && e["name"] == "thread_name") tracks[e["tid"]] = e["args"]["name"];
+    if (e["ph"].get<std::string>() == "M" && e["name"].get<std::string>() == "thread_name")
+      tracks[e["tid"].get<int>()] = e["args"]["name"].get<std::string>();
   }
   std::set<std::string> names;
   for (const auto& [tid, name] : tracks) names.insert(name);
@@ -123,20 +124,20 @@ TEST(Telemetry, ExportsOfARealRunParse) {
   size_t slices = 0, transfer_slices = 0;
   std::map<int, double> end_of;
   for (const auto& e : trace["traceEvents"]) {
-    if (e["ph"] != "X") continue;
+    if (e["ph"].get<std::string>() != "X") continue;
     ++slices;
-    int tid = e["tid"];
+    int tid = e["tid"].get<int>();
     ASSERT_TRUE(tracks.count(tid));
     EXPECT_GE(e["dur"].get<double>(), 0.0);
     EXPECT_GE(e["ts"].get<double>() + 1e-9, end_of[tid]);  // no overlap within a track
     end_of[tid] = e["ts"].get<double>() + e["dur"].get<double>();
-    if (e["cat"] == "transfer") {
+    if (e["cat"].get<std::string>() == "transfer") {
       ++transfer_slices;
       EXPECT_EQ(tracks[tid], "transfers");
       EXPECT_GT(e["args"]["transfer_bytes"].get<size_t>(), 0u);
     }
-    if (e["cat"] == "op") {
-      EXPECT_EQ(tracks[tid], e["args"]["backend"]);
+    if (e["cat"].get<std::string>() == "op") {
+      EXPECT_EQ(tracks[tid], e["args"]["backend"].get<std::string>());
       EXPECT_TRUE(e["args"].contains("reason"));
     }
   }
@@ -148,19 +149,20 @@ TEST(Telemetry, ExportsOfARealRunParse) {
   ASSERT_EQ(j["events"].size(), events.size());
   size_t ops = 0;
   for (const auto& e : j["events"]) {
-    if (e["kind"] == "op") {
+    if (e["kind"].get<std::string>() == "op") {
       ++ops;
-      EXPECT_TRUE(e["op"] == "matmul" || e["op"] == "silu");
+      const std::string op = e["op"].get<std::string>();
+      EXPECT_TRUE(op == "matmul" || op == "silu") << op;
       EXPECT_EQ(e["shape"].size(), 2u);
       EXPECT_GE(e["actual_us"].get<double>(), 0.0);
     }
   }
   EXPECT_EQ(ops, 3u);
-  EXPECT_EQ(j["summary"]["ops"], 3);
-  EXPECT_EQ(j["summary"]["transfers"], 3);
-  EXPECT_EQ(j["summary"]["backends"]["gpu"]["ops"], 2);
-  EXPECT_EQ(j["summary"]["backends"]["cpu"]["ops"], 1);
-  EXPECT_EQ(j["summary"]["operations_by_type"]["matmul"]["count"], 2);
+  EXPECT_EQ(j["summary"]["ops"].get<int>(), 3);
+  EXPECT_EQ(j["summary"]["transfers"].get<int>(), 3);
+  EXPECT_EQ(j["summary"]["backends"]["gpu"]["ops"].get<int>(), 2);
+  EXPECT_EQ(j["summary"]["backends"]["cpu"]["ops"].get<int>(), 1);
+  EXPECT_EQ(j["summary"]["operations_by_type"]["matmul"]["count"].get<int>(), 2);
 }
 
 }  // namespace
