@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "amx.h"
 #include "cpu_backend.h"
 #include "cpu_features.h"
 
@@ -95,9 +96,10 @@ void bm_copy(benchmark::State& state, int threads) {
 
 // One MatMul node on the backend; the weight rotates through enough copies to defeat caches.
 void bm_matmul_node(benchmark::State& state, DType wtype, int64_t K, int64_t M, int64_t N,
-                    int threads, BlasPolicy policy, bool rotate) {
+                    int threads, BlasPolicy policy, bool rotate, bool amx = true) {
   CpuBackend cpu(threads);
   cpu.set_blas_policy(policy);
+  if (!amx) cpu.set_amx(false);
   Graph g;
   const TensorId w = g.weight("w", wtype, {K, M});
   const TensorId x = g.input("x", DType::F32, {K, N});
@@ -241,6 +243,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     row("matvec_q4_0 hot (L2) GB/s", "matvec_q4_0_hot_4096x128", "GBps");
     row("matvec_q8_0 hot (L2) GB/s", "matvec_q8_0_hot_4096x128", "GBps");
     row("qmatmul_q4_0 4096x4096x128 GFLOP/s", "qmatmul_q4_0_4096x4096x128", "GFLOPs");
+    row("  same without AMX GFLOP/s", "qmatmul_q4_0_4096x4096x128_noamx", "GFLOPs");
     row("matvec_f16 4096x4096 GB/s", "matvec_f16_4096x4096", "GBps");
     row("f32 1024^3 own GFLOP/s", "f32_1024_own", "GFLOPs");
     row("f32 1024^3 op (auto) GFLOP/s", "f32_1024_op", "GFLOPs");
@@ -285,6 +288,9 @@ void register_all(const std::vector<int>& threads) {
     reg("qmatmul_q4_0_4096x4096x128", t, [=](benchmark::State& s) {
       bm_matmul_node(s, DType::Q4_0, 4096, 4096, 128, t, BlasPolicy::Auto, false);
     });
+    reg("qmatmul_q4_0_4096x4096x128_noamx", t, [=](benchmark::State& s) {
+      bm_matmul_node(s, DType::Q4_0, 4096, 4096, 128, t, BlasPolicy::Auto, false, false);
+    });
     reg("matvec_f16_4096x4096", t, [=](benchmark::State& s) {
       bm_matmul_node(s, DType::F16, 4096, 4096, 1, t, BlasPolicy::Auto, true);
     });
@@ -313,6 +319,7 @@ int main(int argc, char** argv) {
   for (const auto& f : feature_names(cpu_features())) features += f + " ";
   benchmark::AddCustomContext("tandem_cpu_kernels", std::string(isa_name(best_isa())));
   benchmark::AddCustomContext("tandem_cpu_features", features);
+  benchmark::AddCustomContext("tandem_cpu_amx", amx::amx_usable() ? "yes" : "no");
   benchmark::AddCustomContext("tandem_physical_cores", std::to_string(physical_core_count()));
   register_all(threads);
   SummaryReporter reporter;

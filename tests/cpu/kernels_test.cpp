@@ -150,6 +150,26 @@ TEST(CpuKernels, HalfAndBfloatConversionsAreBitExact) {
   }
 }
 
+TEST(CpuKernels, DequantizeIsBitExact) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  std::vector<float> x(32 * 9);
+  for (float& v : x) v = dist(rng);
+  for (DType dt : {DType::Q8_0, DType::Q4_0}) {
+    std::vector<uint8_t> q(row_bytes(dt, int64_t(x.size())));
+    from_f32(dt, x.data(), q.data(), int64_t(x.size()));
+    std::vector<float> want(x.size());
+    to_f32(dt, q.data(), want.data(), int64_t(x.size()));
+    for (const Kernels* kt : runnable_tables()) {
+      std::vector<float> got(x.size(), -1.0f);
+      (dt == DType::Q8_0 ? kt->dequantize_q8_0 : kt->dequantize_q4_0)(q.data(), got.data(),
+                                                                      int64_t(x.size()));
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << isa_name(kt->isa) << " " << dtype_name(dt);
+    }
+  }
+}
+
 TEST(CpuKernels, SoftmaxOfFullyMaskedRowIsZero) {
   for (const Kernels* kt : runnable_tables()) {
     std::vector<float> x(40, 1.0f), mask(40, -INFINITY), out(40, 5.0f);

@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "amx.h"
 #include "cpu_features.h"
 #include "op_compare.h"
 #include "tandem/error.h"
@@ -308,6 +309,41 @@ INSTANTIATE_TEST_SUITE_P(AllIsas, CpuOps,
                            return std::string(isa_name(param_info.param.isa)) + "_t" +
                                   std::to_string(param_info.param.threads);
                          });
+
+TEST(CpuOpsAmx, QuantizedMatMulMatchesReference) {
+  if (!amx::amx_usable()) GTEST_SKIP() << "no AMX-INT8 on this CPU or OS";
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  struct Shape {
+    int64_t k, m, n;
+  };
+  for (int threads : {1, 3}) {
+    CpuBackend cpu(threads);
+    cpu.set_amx(true);
+    for (DType d : {DType::Q4_0, DType::Q8_0})
+      for (Shape s : {Shape{32, 16, 16}, Shape{160, 37, 20}, Shape{256, 48, 16}, Shape{96, 33, 40},
+                      Shape{1024, 64, 65}}) {
+        OpCase c{
+            "amx_qmatmul_" + std::string(dtype_name(d)) + "_" + std::to_string(s.k) + "x" +
+                std::to_string(s.m) + "x" + std::to_string(s.n),
+            [=](Graph& g) {
+              return g.matmul(g.weight("a", d, {s.k, s.m}), g.input("b", DType::F32, {s.k, s.n}));
+            },
+            kMatMul};
+        const double nmse = compare_with_reference(cpu, c, seed);
+        EXPECT_LE(nmse, kMatMul) << c.name << " threads " << threads;
+      }
+  }
+}
+
+TEST(CpuOpsAmx, CanBeSwitchedOff) {
+  CpuBackend cpu(1);
+  cpu.set_amx(false);
+  EXPECT_FALSE(cpu.amx());
+  if (!amx::amx_usable()) {
+    EXPECT_THROW(cpu.set_amx(true), Error);
+  }
+}
 
 TEST(CpuOpsErrors, BadPositionsAndIdsThrow) {
   CpuBackend cpu(2);

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "amx.h"
 #include "cpu_features.h"
 #include "tandem/error.h"
 
@@ -70,13 +71,21 @@ CpuBackend::CpuBackend(int threads, std::optional<Isa> isa)
       capabilities_(cpu_capabilities()) {
   features_ = feature_names(cpu_features());
   features_.push_back("kernels_" + std::string(isa_name(kernels_->isa)));
+  amx_ = kernels_->isa == best_isa() && amx::amx_usable();
+}
+
+void CpuBackend::set_amx(bool on) {
+  if (on && !amx::amx_usable()) {
+    throw_error(ErrorCode::Unsupported, "cpu", "AMX int8 is not available on this CPU or OS");
+  }
+  amx_ = on;
 }
 
 void CpuBackend::execute(const Graph& graph, const NodeExecution& e) {
   CapabilityCheck c = check(graph, *e.node);
   if (!c.ok()) throw_error(ErrorCode::Unsupported, "cpu", c.detail);
   std::lock_guard<std::mutex> lock(execute_mutex_);
-  const OpContext ctx{pool_, *kernels_, blas_policy_};
+  const OpContext ctx{pool_, *kernels_, blas_policy_, amx_};
   switch (e.node->op) {
     case OpKind::Copy:
     case OpKind::Dequantize:

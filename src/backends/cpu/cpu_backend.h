@@ -29,6 +29,9 @@ class CpuBackend : public HostBackend {
   Isa isa() const { return kernels_->isa; }
   ThreadPool& pool() { return pool_; }
   void set_blas_policy(BlasPolicy policy) { blas_policy_ = policy; }
+  // AMX is on by default when the CPU and OS allow it and the best kernel set is in use.
+  bool amx() const { return amx_; }
+  void set_amx(bool on);
 
   // Every row this backend declares: the same ops and dtypes as the reference.
   static std::vector<OpCapability> cpu_capabilities();
@@ -38,6 +41,7 @@ class CpuBackend : public HostBackend {
   const Kernels* kernels_;
   std::vector<OpCapability> capabilities_;
   BlasPolicy blas_policy_ = BlasPolicy::Auto;
+  bool amx_ = false;
   std::mutex execute_mutex_;  // kernels share per-backend scratch and the pool
 };
 

@@ -1,5 +1,7 @@
 #include "cpu_features.h"
 
+#include "amx.h"
+
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -125,6 +127,13 @@ std::vector<std::string> feature_names(const CpuFeatures& f) {
   add(f.amx_bf16 && f.amx_enabled, "amx_bf16");
   return names;
 }
+
+namespace amx {
+bool amx_usable() {
+  const CpuFeatures& f = cpu_features();
+  return f.amx_tile && f.amx_int8 && f.amx_enabled && f.avx512f && f.avx512bw && f.f16c;
+}
+}  // namespace amx
 
 int physical_core_count() {
   static const int count = [] {

@@ -59,6 +59,9 @@ struct Kernels {
                               const float* weights, int64_t n_x, float* accs, int64_t n);
   void (*accumulate_rows_f16)(const uint16_t* rows, int64_t stride, int64_t n_rows,
                               const float* weights, int64_t n_x, float* accs, int64_t n);
+  // GGUF Q8_0 / Q4_0 blocks to float32 (n a multiple of 32), bit-identical to the reference.
+  void (*dequantize_q8_0)(const uint8_t* src, float* dst, int64_t n);
+  void (*dequantize_q4_0)(const uint8_t* src, float* dst, int64_t n);
   void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n);
   void (*f32_to_f16)(const float* src, uint16_t* dst, int64_t n);
   void (*bf16_to_f32)(const uint16_t* src, float* dst, int64_t n);

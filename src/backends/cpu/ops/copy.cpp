@@ -19,8 +19,9 @@ void row_to_f32(const Kernels& k, DType dtype, const void* src, float* dst, int6
     case DType::BF16:
       return k.bf16_to_f32(static_cast<const uint16_t*>(src), dst, n);
     case DType::Q8_0:
+      return k.dequantize_q8_0(static_cast<const uint8_t*>(src), dst, n);
     case DType::Q4_0:
-      return to_f32(dtype, src, dst, n);
+      return k.dequantize_q4_0(static_cast<const uint8_t*>(src), dst, n);
     default:
       throw_error(ErrorCode::Unsupported, "cpu copy",
                   "cannot convert " + std::string(dtype_name(dtype)) + " to f32");

@@ -15,6 +15,7 @@ struct OpContext {
   ThreadPool& pool;
   const Kernels& k;
   BlasPolicy blas = BlasPolicy::Auto;
+  bool amx = false;  // AMX tiles for quantized matrix-matrix products
 };
 
 void run_copy(const OpContext& ctx, const NodeExecution& e);  // Copy and Dequantize

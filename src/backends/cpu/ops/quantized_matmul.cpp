@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "../amx.h"
 #include "ops.h"
 
 namespace tandem::cpu {
@@ -22,9 +23,52 @@ void exact_matmul_2d(const Kernels& k, DType dtype, const uint8_t* w, size_t wrb
                      float* out, int64_t M, int64_t N, int64_t K) {
   std::vector<float> row(static_cast<size_t>(K));
   for (int64_t m = 0; m < M; ++m) {
-    to_f32(dtype, w + size_t(m) * wrb, row.data(), K);
+    if (dtype == DType::Q4_0) {
+      k.dequantize_q4_0(w + size_t(m) * wrb, row.data(), K);
+    } else {
+      k.dequantize_q8_0(w + size_t(m) * wrb, row.data(), K);
+    }
     for (int64_t n = 0; n < N; ++n) out[n * M + m] = k.dot_f32(row.data(), b + n * K, K);
   }
+}
+
+constexpr int64_t kAmxMinCols = 16;  // AMX pays off from one full 16-column tile
+
+// The AMX path for one batch slice: activation column tiles packed once, then every thread
+// unpacks its 16-row weight panels and multiplies each against all column tiles.
+void amx_matmul_2d(ThreadPool& pool, bool q4, const uint8_t* w, size_t wrb,
+                   const QuantizedActivations& act, float* out, int64_t M, int64_t N) {
+  constexpr int64_t T = amx::kTile;
+  const int64_t K = act.k, nb = K / kQuantBlock;
+  const int64_t col_tiles = (N + T - 1) / T, panels = (M + T - 1) / T;
+  std::vector<int8_t> bp(static_cast<size_t>(col_tiles * nb * 512));
+  std::vector<float> dap(static_cast<size_t>(col_tiles * nb * T));
+  pool.parallel_for(col_tiles, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t ct = c0; ct < c1; ++ct) {
+      const int cols = int(std::min<int64_t>(T, N - ct * T));
+      amx::pack_activations(act.qs + ct * T * K, act.d + ct * T * nb, cols, K,
+                            bp.data() + ct * nb * 512, dap.data() + ct * nb * T);
+    }
+  });
+  pool.parallel_for(panels, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<int8_t> wp(static_cast<size_t>(nb * T * 32));
+    std::vector<float> wd(static_cast<size_t>(nb * T)), tile(static_cast<size_t>(T * T));
+    amx::configure_tiles();
+    for (int64_t p = p0; p < p1; ++p) {
+      const int rows = int(std::min<int64_t>(T, M - p * T));
+      amx::pack_weights(q4, w + size_t(p * T) * wrb, wrb, rows, nb, wp.data(), wd.data());
+      for (int64_t ct = 0; ct < col_tiles; ++ct) {
+        amx::tile_product(wp.data(), wd.data(), bp.data() + ct * nb * 512, dap.data() + ct * nb * T,
+                          nb, tile.data());
+        const int cols = int(std::min<int64_t>(T, N - ct * T));
+        for (int n = 0; n < cols; ++n)
+          for (int m = 0; m < rows; ++m) {
+            out[(ct * T + n) * M + p * T + m] = tile[size_t(m * T + n)];
+          }
+      }
+    }
+    amx::release_tiles();
+  });
 }
 
 // Per calling thread: quantized activations survive across calls, so decode does not allocate.
@@ -79,6 +123,10 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
                                                        scratch.bias.data() + c * nb * kBiasLanes);
                               }
                             });
+      if (ctx.amx && N >= kAmxMinCols && M >= amx::kTile) {
+        amx_matmul_2d(ctx.pool, a.dtype == DType::Q4_0, w, wrb, act, omat, M, N);
+        continue;
+      }
       split_output(ctx.pool, M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
         for (int64_t nc = n0; nc < n1; nc += kColChunk) {
           const int64_t nce = std::min(n1, nc + kColChunk);
