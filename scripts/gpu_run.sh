@@ -47,6 +47,16 @@ for t in "$BIN"/tests/conformance/*test; do
   grep -E "FAILED|PASSED|SKIPPED|refuses|skipped" "$OUT/conformance.log" | head -30
 done
 
+if command -v ncu >/dev/null; then
+  echo "== ncu (decode attention, Q4_0 matvec)"
+  ncu --clock-control none -k regex:"attention_kernel|matvec_kernel|quantize_b" -c 5 \
+    --section SpeedOfLight --section Occupancy "$BIN/bench/cuda_bench" \
+    --benchmark_filter='BM_Attention/4096/1/16|BM_QuantizedMatvec/4096/14336/1/4' \
+    --benchmark_min_time=0.01 >"$OUT/ncu.txt" 2>&1
+  grep -E "^  [a-z_ ]*(void |)[a-z_<>:]*(attention|matvec|quantize_b)|Duration|DRAM Throughput|SM Active|Elapsed Cycles|Achieved Occupancy" \
+    "$OUT/ncu.txt" | sed -E 's/\(const.*\) \(/ (/' | head -40
+fi
+
 echo "== cuda_bench"
 "$BIN/bench/cuda_bench" --benchmark_out="$OUT/cuda_bench.json" --benchmark_out_format=json \
   --benchmark_min_time=0.2 >"$OUT/cuda_bench.log" 2>&1 ||
