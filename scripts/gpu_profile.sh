@@ -6,7 +6,7 @@ OUT=${OUT:-/tmp/tandem_gpu_out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH="$PWD/deps/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-ncu --clock-control none -k regex:"attention_kernel|matvec_kernel|quantize_b" -c 6 \
+timeout 200 ncu --clock-control none -k regex:"attention_kernel|matvec_kernel|quantize_b" -c 6 \
   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section MemoryWorkloadAnalysis \
   prebuilt/bench/cuda_bench --benchmark_filter='BM_Attention/4096/1/16|BM_QuantizedMatvec/4096/14336/1/4' \

@@ -35,21 +35,27 @@ else
   BIN=prebuilt
 fi
 
+# Each binary runs under a timeout so a hung kernel cannot eat the whole device call; the
+# full log names the test that was running.
 echo "== cuda_test"
-"$BIN/tests/cuda/cuda_test" --gtest_brief=1 >"$OUT/cuda_test.log" 2>&1
-echo "cuda_test exit $?"
+timeout 240 "$BIN/tests/cuda/cuda_test" >"$OUT/cuda_test.log" 2>&1
+status=$?
+echo "cuda_test exit $status"
 grep -E "FAILED|Failure|nmse|PASSED|SKIPPED" "$OUT/cuda_test.log" | head -40
+[ $status -eq 0 ] || tail -5 "$OUT/cuda_test.log"
 for t in "$BIN"/tests/conformance/*test; do
   [ -x "$t" ] || continue
   echo "== $(basename "$t")"
-  "$t" --gtest_brief=1 >"$OUT/conformance.log" 2>&1
-  echo "conformance exit $?"
+  timeout 300 "$t" >"$OUT/conformance.log" 2>&1
+  status=$?
+  echo "conformance exit $status"
   grep -E "FAILED|PASSED|SKIPPED|refuses|skipped" "$OUT/conformance.log" | head -30
+  [ $status -eq 0 ] || tail -5 "$OUT/conformance.log"
 done
 
 if command -v ncu >/dev/null; then
   echo "== ncu (decode attention, Q4_0 matvec)"
-  ncu --clock-control none -k regex:"attention_kernel|matvec_kernel|quantize_b" -c 5 \
+  timeout 120 ncu --clock-control none -k regex:"attention_kernel|matvec_kernel|quantize_b" -c 5 \
     --section SpeedOfLight --section Occupancy "$BIN/bench/cuda_bench" \
     --benchmark_filter='BM_Attention/4096/1/16|BM_QuantizedMatvec/4096/14336/1/4' \
     --benchmark_min_time=0.01 >"$OUT/ncu.txt" 2>&1
@@ -58,10 +64,8 @@ if command -v ncu >/dev/null; then
 fi
 
 echo "== cuda_bench"
-"$BIN/bench/cuda_bench" --benchmark_out="$OUT/cuda_bench.json" --benchmark_out_format=json \
-  --benchmark_min_time=0.2 >"$OUT/cuda_bench.log" 2>&1 ||
-  "$BIN/bench/cuda_bench" --benchmark_out="$OUT/cuda_bench.json" --benchmark_out_format=json \
-    >"$OUT/cuda_bench.log" 2>&1
+timeout 240 "$BIN/bench/cuda_bench" --benchmark_out="$OUT/cuda_bench.json" \
+  --benchmark_out_format=json --benchmark_min_time=0.2 >"$OUT/cuda_bench.log" 2>&1
 echo "cuda_bench exit $?"
 python3 - "$OUT/cuda_bench.json" <<'PY'
 import json, sys
