@@ -13,5 +13,12 @@ fi
 echo "test: preset ${TANDEM_PRESET}, ${TANDEM_JOBS} jobs"
 cmake --preset "$TANDEM_PRESET" -DTANDEM_BUILD_TESTS=ON
 cmake --build --preset "$TANDEM_PRESET" -j "$TANDEM_JOBS"
-# ctest prints its summary ("100% tests passed, 0 tests failed out of N") and lists skips.
-ctest --preset "$TANDEM_PRESET" --output-on-failure --no-tests=error -j "$TANDEM_JOBS"
+log="build/$TANDEM_PRESET/ctest-output.txt"
+ctest --preset "$TANDEM_PRESET" --output-on-failure --no-tests=error -j "$TANDEM_JOBS" | tee "$log"
+# Why tests were skipped (GTEST_SKIP messages), then ctest's summary line once more.
+skips="build/$TANDEM_PRESET/Testing/Temporary/LastTest.log"
+if grep -q ": Skipped$" "$skips"; then
+  echo "test: skipped tests said:"
+  grep -A1 ": Skipped$" "$skips" | grep -vE ": Skipped$|^--$" | sort | uniq -c
+fi
+echo "test (${TANDEM_PRESET}): $(grep -E "tests passed|tests failed" "$log" | tail -1)"

@@ -102,7 +102,8 @@ struct Placement {
   uint64_t key = 0;        // signature + leaf names + residency: what executors cache by
   std::vector<std::shared_ptr<Backend>> backends;  // BackendSelection::backend_index indexes it
   std::vector<BackendSelection> nodes;
-  size_t planned_transfers = 0;  // distinct (tensor, backend) copies the plan implies per run
+  size_t planned_transfers = 0;  // copies between memories each run (inputs, activations)
+  size_t planned_uploads = 0;    // persistent copies made once (weights, KV cache moves)
   double estimated_us = 0.0;     // sum of chosen compute and transfer estimates
 
   const BackendSelection& at(TensorId id) const { return nodes.at(size_t(id)); }
@@ -140,8 +141,9 @@ class Residency {
   uint64_t hash_ = 0;
 };
 
-// A per-tensor pin: a regex (ECMAScript, whole-name match, as llama.cpp's --override-tensor)
-// on weight names; an op reading a matching weight runs on `backend_id`.
+// A per-tensor pin: a regex (ECMAScript) searched in weight names, first pin that matches wins,
+// as llama.cpp's --override-tensor ("exps" matches "blk.3.ffn_up_exps.weight"); an op reading a
+// matching weight runs on `backend_id`.
 struct TensorPin {
   std::string pattern;
   std::string backend_id;

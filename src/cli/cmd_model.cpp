@@ -67,7 +67,7 @@ void add_synth(CLI::App& app, std::function<int()>& run) {
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--preset", o->preset, "tiny, llama-3.2-1b or llama-3.1-8b")
+  cmd->add_option("--preset", o->preset, "tiny, small, llama-3.2-1b or llama-3.1-8b")
       ->capture_default_str();
   cmd->add_option("--type", o->type, "Matrix type: f32, f16, q8_0 or q4_0")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Weight seed")->capture_default_str();

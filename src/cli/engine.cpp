@@ -18,6 +18,20 @@ Engine::Engine(const EngineOptions& options)
   TANDEM_CHECK_ARG(n_ctx_ >= 1, "engine", "context length must be >= 1");
 
   Strategy strategy = Strategy::parse(options.strategy);
+  std::vector<TensorPin> pins = options.pins;
+  if (options.n_gpu_layers) {
+    const int ngl = *options.n_gpu_layers;
+    TANDEM_CHECK_ARG(ngl >= 0, "--n-gpu-layers", "must be >= 0 (got " + std::to_string(ngl) + ")");
+    std::string layers;
+    for (int l = ngl; l < int(config_.n_layer); ++l)
+      layers += (layers.empty() ? "" : "|") + std::to_string(l);
+    if (!layers.empty()) {
+      pins.push_back({"blk\\.(" + layers + ")\\..*", "cpu"});
+      pins.push_back({"cache_[kv]\\.(" + layers + ")", "cpu"});
+    }
+    pins.push_back({"token_embd\\.weight", "cpu"});
+    if (ngl <= int(config_.n_layer)) pins.push_back({"output(_norm)?\\.weight", "cpu"});
+  }
   strategy_name_ = options.strategy;
   BackendOptions backend_options;
   backend_options.cpu_threads = options.threads;
@@ -26,7 +40,7 @@ Engine::Engine(const EngineOptions& options)
   // default one.
   std::vector<std::string> named;
   if (strategy.kind == Strategy::Kind::BackendOnly) named.push_back(strategy.backend_id);
-  for (const auto& pin : options.pins) named.push_back(pin.backend_id);
+  for (const auto& pin : pins) named.push_back(pin.backend_id);
   for (const auto& id : named) {
     bool present = std::any_of(backends.begin(), backends.end(),
                                [&](const auto& b) { return b->backend_id() == id; });
@@ -35,7 +49,7 @@ Engine::Engine(const EngineOptions& options)
   auto builder = HybridScheduler::builder();
   for (auto& b : backends) builder.with_backend(b);
   builder.strategy(strategy).strict(options.strict);
-  for (const auto& pin : options.pins) builder.pin_tensor(pin.pattern, pin.backend_id);
+  for (const auto& pin : pins) builder.pin_tensor(pin.pattern, pin.backend_id);
   if (options.gpu_memory) {
     for (auto& b : backends) {
       if (b->kind() == BackendKind::Gpu)

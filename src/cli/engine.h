@@ -29,6 +29,9 @@ struct EngineOptions {
   DType kv_dtype = DType::F16;
   bool strict = false;
   std::vector<TensorPin> pins;  // --override-tensor style pins
+  // llama.cpp -ngl: layers >= N (weights and KV cache), the token embedding and, below
+  // n_layer + 1, the output layer run on the CPU. Unset: placement is the strategy's alone.
+  std::optional<int> n_gpu_layers;
   TimingMode timing = TimingMode::Off;
   bool record_events = true;
 };

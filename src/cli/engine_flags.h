@@ -16,6 +16,7 @@ struct EngineFlags {
   std::vector<std::string> overrides;  // "pattern=backend"
   std::string kv_type = "f16";
   int threads = 0;
+  int n_gpu_layers = -1;  // -1: unset
   int64_t ctx = 0;
   bool strict = false;
 

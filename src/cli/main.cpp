@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <string>
 
 #include "commands.h"
 #include "tandem/error.h"
@@ -14,6 +15,21 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Every subcommand's help");
   std::function<int()> run;
   tandem::cli::add_commands(app, run);
+  // llama.cpp spells some flags with one dash and several letters; CLI11 wants two dashes.
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "-ngl") argv[i] = const_cast<char*>("--ngl");
+  }
+  std::string known;
+  bool is_known = false;
+  for (const auto* sub : app.get_subcommands({})) {
+    known += (known.empty() ? "" : ", ") + sub->get_name();
+    is_known = is_known || (argc > 1 && sub->get_name() == argv[1]);
+  }
+  if (argc > 1 && argv[1][0] != '-' && !is_known) {
+    std::fprintf(stderr, "tandem: error: unknown subcommand '%s' (available: %s)\n", argv[1],
+                 known.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

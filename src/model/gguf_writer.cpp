@@ -400,14 +400,17 @@ Layout make_layout(size_t alignment, const std::vector<std::pair<std::string, Va
     s.put(uint64_t(layout.offsets[k]));
   }
   layout.header = std::move(s.bytes());
-  layout.header.resize(align_up(layout.header.size(), alignment), 0);
+  // Without tensors there is no data section to align (llama.cpp's vocab files end here too).
+  if (!tensors.empty()) layout.header.resize(align_up(layout.header.size(), alignment), 0);
   layout.total = layout.header.size() + data_size;
   return layout;
 }
 
+// `written(offset, bytes)` is told about each finished tensor (the file drops its pages).
 template <class Tensors>
 void fill_data(uint8_t* out, const Layout& layout, const Tensors& tensors,
-               const Writer::Progress& progress) {
+               const Writer::Progress& progress,
+               const std::function<void(size_t, size_t)>& written = {}) {
   std::memcpy(out, layout.header.data(), layout.header.size());
   size_t done = layout.header.size();
   if (progress) progress(done, layout.total);
@@ -420,6 +423,7 @@ void fill_data(uint8_t* out, const Layout& layout, const Tensors& tensors,
       std::memcpy(dst, t.data.data(), t.bytes);
     }
     done += t.bytes;
+    if (written) written(size_t(dst - out), t.bytes);
     if (progress) progress(done, layout.total);
   }
 }
@@ -433,7 +437,8 @@ void Writer::write(const std::string& path) const {
 void Writer::write(const std::string& path, const Progress& progress) const {
   Layout layout = make_layout(alignment_, metadata_, tensors_);
   model::MappedOutputFile out(path, layout.total);
-  fill_data(out.data(), layout, tensors_, progress);
+  fill_data(out.data(), layout, tensors_, progress,
+            [&out](size_t offset, size_t bytes) { out.release(offset, bytes); });
   out.commit();
 }
 

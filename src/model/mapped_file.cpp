@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -91,6 +92,14 @@ MappedOutputFile::MappedOutputFile(const std::string& path, size_t size)
     throw_io(path, "cannot map " + std::to_string(size_) + " bytes for writing", err);
   }
   data_ = static_cast<uint8_t*>(p);
+}
+
+void MappedOutputFile::release(size_t offset, size_t bytes) {
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  size_t begin = (offset + page - 1) / page * page;
+  size_t end = std::min(offset + bytes, size_) / page * page;
+  // MADV_DONTNEED on a shared file mapping keeps the data (the pages are marked dirty first).
+  if (data_ != nullptr && begin < end) ::madvise(data_ + begin, end - begin, MADV_DONTNEED);
 }
 
 void MappedOutputFile::close_mapping() noexcept {

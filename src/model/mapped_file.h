@@ -40,6 +40,9 @@ class MappedOutputFile {
 
   uint8_t* data() { return data_; }
   size_t size() const { return size_; }
+  // Drops the whole pages inside [offset, offset + bytes) from this process: they stay in the
+  // page cache and are written back, but a multi-GB write no longer shows up as our RSS.
+  void release(size_t offset, size_t bytes);
   // Unmaps and closes the file, keeping it; throws Io if the OS reports a failure.
   void commit();
 

@@ -18,15 +18,10 @@ bool by_logit_desc(const TokenCandidate& a, const TokenCandidate& b) {
   return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
 
-// Fills p with the softmax of the logits; candidates must be sorted best first.
-void softmax(std::vector<TokenCandidate>& c) {
-  const float max_logit = c.front().logit;
-  double sum = 0.0;
-  for (auto& t : c) {
-    t.p = std::exp(t.logit - max_logit);
-    sum += t.p;
-  }
-  for (auto& t : c) t.p = static_cast<float>(t.p / sum);
+float best_logit(const std::vector<TokenCandidate>& c) {
+  float best = -INFINITY;
+  for (const auto& t : c) best = std::max(best, t.logit);
+  return best;
 }
 
 // A uniform double in [0, 1) from the top 53 bits: the same on every standard library.
@@ -58,76 +53,159 @@ Sampler::Sampler(SamplerParams params) : params_(params), rng_(params.seed) {
   if (p.min_keep < 1) bad("min_keep", p.min_keep, ">= 1");
 }
 
-std::vector<TokenCandidate> Sampler::candidates(std::span<const float> logits) const {
+// The window's tokens with their counts, by id (llama.cpp's penalties sampler).
+std::vector<std::pair<int32_t, int>> Sampler::penalty_counts(size_t n_vocab) const {
+  const SamplerParams& p = params_;
+  const bool penalize =
+      p.repeat_last_n > 0 &&
+      (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
+  std::vector<std::pair<int32_t, int>> counts;
+  if (!penalize) return counts;
+  std::vector<int32_t> ids;
+  for (int32_t t : history_) {
+    if (t >= 0 && static_cast<size_t>(t) < n_vocab) ids.push_back(t);
+  }
+  std::sort(ids.begin(), ids.end());
+  for (int32_t t : ids) {
+    if (counts.empty() || counts.back().first != t) counts.emplace_back(t, 0);
+    ++counts.back().second;
+  }
+  return counts;
+}
+
+std::vector<TokenCandidate> Sampler::select(std::span<const float> logits, bool sorted) const {
   TANDEM_CHECK_ARG(!logits.empty(), kWhere, "empty logits");
   const SamplerParams& p = params_;
-  std::vector<TokenCandidate> c(logits.size());
-  bool any_finite = false;
-  for (size_t i = 0; i < logits.size(); ++i) {
+  const size_t n = logits.size();
+  float max_logit = -INFINITY;
+  for (size_t i = 0; i < n; ++i) {
     const float l = logits[i];
     if (std::isnan(l) || l == INFINITY) {
       throw_error(ErrorCode::InvalidArgument, kWhere,
                   "logit " + std::to_string(i) + " is " + std::to_string(l));
     }
-    any_finite = any_finite || std::isfinite(l);
-    c[i] = {static_cast<int32_t>(i), l, 0.0f};
+    max_logit = std::max(max_logit, l);
   }
-  TANDEM_CHECK_ARG(any_finite, kWhere, "every logit is -inf");
+  TANDEM_CHECK_ARG(max_logit > -INFINITY, kWhere, "every logit is -inf");
 
-  // Repetition penalties over the window (llama.cpp's penalties sampler).
-  const bool penalize =
-      p.repeat_last_n > 0 &&
-      (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
-  if (penalize && !history_.empty()) {
-    std::unordered_map<int32_t, int> counts;
-    for (int32_t t : history_) ++counts[t];
-    for (const auto& [id, count] : counts) {
-      if (id < 0 || static_cast<size_t>(id) >= c.size()) continue;
-      float& l = c[static_cast<size_t>(id)].logit;
-      l = l <= 0.0f ? l * p.repeat_penalty : l / p.repeat_penalty;
-      l -= static_cast<float>(count) * p.frequency_penalty + p.presence_penalty;
+  // Visits every drawable token (logit > -inf after penalties) in id order.
+  const std::vector<std::pair<int32_t, int>> counts = penalty_counts(n);
+  auto for_each_token = [&](auto&& visit) {
+    size_t next = 0;
+    for (size_t i = 0; i < n; ++i) {
+      float l = logits[i];
+      if (next < counts.size() && static_cast<size_t>(counts[next].first) == i) {
+        l = l <= 0.0f ? l * p.repeat_penalty : l / p.repeat_penalty;
+        l -= static_cast<float>(counts[next].second) * p.frequency_penalty + p.presence_penalty;
+        ++next;
+      }
+      if (l > -INFINITY) visit(TokenCandidate{static_cast<int32_t>(i), l, 0.0f});
     }
-  }
+  };
 
   if (p.temperature <= 0.0f) {
-    const auto best = std::min_element(c.begin(), c.end(), by_logit_desc);
-    return {{best->id, best->logit, 1.0f}};
+    TokenCandidate best{-1, -INFINITY, 1.0f};
+    for_each_token([&](const TokenCandidate& t) {
+      if (best.id < 0 || t.logit > best.logit) best = {t.id, t.logit, 1.0f};
+    });
+    TANDEM_CHECK_ARG(best.id >= 0, kWhere, "every logit is -inf after penalties");
+    return {best};
   }
 
-  // top-k (sorts the kept candidates), or a full sort when off.
-  const size_t k = p.top_k > 0 ? std::min(c.size(), static_cast<size_t>(p.top_k)) : c.size();
-  std::partial_sort(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(k), c.end(), by_logit_desc);
-  c.resize(k);
-  // Drop -inf entries (masked tokens): they can never be drawn.
-  while (c.size() > 1 && std::isinf(c.back().logit)) c.pop_back();
+  std::vector<TokenCandidate> c;
+  size_t n_sorted = 0;
+  if (p.top_k > 0) {
+    // top-k in one pass: a heap whose top is the worst of the k best so far.
+    const size_t k = static_cast<size_t>(p.top_k);
+    c.reserve(std::min(k, n));
+    for_each_token([&](const TokenCandidate& t) {
+      if (c.size() < k) {
+        c.push_back(t);
+        std::push_heap(c.begin(), c.end(), by_logit_desc);
+      } else if (by_logit_desc(t, c.front())) {
+        std::pop_heap(c.begin(), c.end(), by_logit_desc);
+        c.back() = t;
+        std::push_heap(c.begin(), c.end(), by_logit_desc);
+      }
+    });
+    std::sort_heap(c.begin(), c.end(), by_logit_desc);
+    n_sorted = c.size();
+  } else {
+    c.reserve(n);
+    for_each_token([&](const TokenCandidate& t) { c.push_back(t); });
+  }
+  TANDEM_CHECK_ARG(!c.empty(), kWhere, "every logit is -inf after penalties");
   const size_t min_keep = static_cast<size_t>(p.min_keep);
+  // Sorts [begin, end) of c best first, given that c[0, begin) already holds the best ones.
+  auto sort_range = [&](size_t begin, size_t end) {
+    const auto b = c.begin() + static_cast<std::ptrdiff_t>(begin);
+    const auto e = c.begin() + static_cast<std::ptrdiff_t>(end);
+    if (end < c.size()) std::nth_element(b, e, c.end(), by_logit_desc);
+    std::sort(b, e, by_logit_desc);
+  };
 
-  // top-p: the smallest prefix whose probability reaches top_p.
+  // top-p: the smallest best-first prefix whose probability reaches top_p. Sorting grows in
+  // chunks until the prefix is found, so a large vocab is rarely sorted in full.
   if (p.top_p < 1.0f) {
-    softmax(c);
+    const float top = best_logit(c);
+    double total = 0.0;
+    for (const auto& t : c) total += std::exp(t.logit - top);
     double cumulative = 0.0;
-    for (size_t i = 0; i < c.size(); ++i) {
-      cumulative += c[i].p;
-      if (cumulative >= p.top_p && i + 1 >= min_keep) {
+    size_t i = 0;
+    for (size_t chunk = 64; i < c.size(); chunk *= 4) {
+      const size_t end = std::min(c.size(), std::max(n_sorted, i + chunk));
+      if (end > n_sorted) {
+        sort_range(n_sorted, end);
+        n_sorted = end;
+      }
+      for (; i < end; ++i) {
+        cumulative += std::exp(c[i].logit - top) / total;
+        if (cumulative >= p.top_p && i + 1 >= min_keep) break;
+      }
+      if (i < end) {
         c.resize(i + 1);
+        n_sorted = c.size();
         break;
       }
     }
   }
-  // min-p: logits within log(min_p) of the best, i.e. p >= min_p * p_max.
+  // min-p: logits within log(min_p) of the best, i.e. p >= min_p * p_max; at least min_keep.
   if (p.min_p > 0.0f) {
-    const float min_logit = c.front().logit + std::log(p.min_p);
-    size_t keep = 1;
-    while (keep < c.size() && (c[keep].logit >= min_logit || keep < min_keep)) ++keep;
-    c.resize(keep);
+    const float top = best_logit(c);
+    const float min_logit = top + std::log(p.min_p);
+    if (n_sorted == c.size() || min_keep > 1) {
+      if (n_sorted < c.size()) sort_range(n_sorted, c.size());
+      n_sorted = c.size();
+      size_t keep = 1;
+      while (keep < c.size() && (c[keep].logit >= min_logit || keep < min_keep)) ++keep;
+      c.resize(keep);
+    } else {
+      // Unsorted: keep what passes, in place and in order.
+      std::erase_if(c, [&](const TokenCandidate& t) { return t.logit < min_logit; });
+      n_sorted = 0;
+    }
   }
-  for (auto& t : c) t.logit /= p.temperature;
-  softmax(c);
+  if (sorted && n_sorted < c.size()) std::sort(c.begin(), c.end(), by_logit_desc);
+
+  // Temperature, then the softmax over what is kept.
+  const float top = best_logit(c) / p.temperature;
+  double total = 0.0;
+  for (auto& t : c) {
+    t.logit /= p.temperature;
+    t.p = std::exp(t.logit - top);
+    total += t.p;
+  }
+  const float scale = static_cast<float>(1.0 / total);
+  for (auto& t : c) t.p *= scale;
   return c;
 }
 
+std::vector<TokenCandidate> Sampler::candidates(std::span<const float> logits) const {
+  return select(logits, true);
+}
+
 int32_t Sampler::sample(std::span<const float> logits) {
-  const std::vector<TokenCandidate> c = candidates(logits);
+  const std::vector<TokenCandidate> c = select(logits, false);
   if (c.size() == 1) return c.front().id;
   // Inverse CDF over the kept candidates, in double so the sums do not drift.
   double total = 0.0;

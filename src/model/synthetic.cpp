@@ -171,13 +171,24 @@ void check_spec(const SyntheticSpec& s) {
 }  // namespace
 
 std::vector<std::string_view> synthetic_preset_names() {
-  return {"tiny", "llama-3.2-1b", "llama-3.1-8b"};
+  return {"tiny", "small", "llama-3.2-1b", "llama-3.1-8b"};
 }
 
 SyntheticSpec synthetic_preset(std::string_view preset, DType dtype, uint64_t seed) {
   SyntheticSpec s;
   if (preset == "tiny") {
     // the defaults
+  } else if (preset == "small") {
+    // ~160M parameters: big enough that placement and bandwidth matter, small enough for a
+    // 2-core machine's main job.
+    s.name = "tandem-synthetic-small";
+    s.n_vocab = 32000;
+    s.n_embd = 1024;
+    s.n_layer = 8;
+    s.n_ff = 2816;
+    s.n_head = 16;
+    s.n_head_kv = 4;
+    s.context_length = 4096;
   } else if (preset == "llama-3.2-1b") {
     s.name = "tandem-synthetic-llama-3.2-1b";
     s.n_vocab = 128256;
@@ -303,6 +314,7 @@ gguf::Writer make_synthetic_writer(const SyntheticSpec& spec) {
   // Earlier (shorter) pieces score higher, as SentencePiece's log-probabilities would.
   for (size_t k = 259; k < tokens.size(); ++k) scores[k] = -float(k - 259);
   w.set_string("tokenizer.ggml.model", "llama");
+  w.set_string("tokenizer.ggml.pre", "default");  // as llama.cpp's converter writes for SPM
   w.set_string_array("tokenizer.ggml.tokens", std::move(tokens));
   w.set_f32_array("tokenizer.ggml.scores", std::move(scores));
   w.set_i32_array("tokenizer.ggml.token_type", std::move(types));

@@ -108,16 +108,22 @@ Tokenizer::Tokenizer(Vocab vocab) : impl_(std::make_unique<Impl>()) {
   }
   for (size_t i = 0; i < n; ++i) {
     const TokenType t = impl.type(static_cast<int32_t>(i));
-    if ((t == TokenType::Control || t == TokenType::UserDefined || t == TokenType::Unknown) &&
-        !impl.vocab.tokens[i].empty()) {
-      impl.special_tokens.push_back(static_cast<int32_t>(i));
+    const std::string& text = impl.vocab.tokens[i];
+    if (text.empty()) continue;
+    for (int parse_special = 0; parse_special < 2; ++parse_special) {
+      if (t == TokenType::UserDefined ||
+          (parse_special && (t == TokenType::Control || t == TokenType::Unknown))) {
+        impl.special_tokens[parse_special].push_back(static_cast<int32_t>(i));
+        impl.special_first_byte[parse_special][static_cast<uint8_t>(text[0])] = true;
+      }
     }
   }
-  std::stable_sort(impl.special_tokens.begin(), impl.special_tokens.end(),
-                   [&](int32_t a, int32_t b) {
-                     return impl.vocab.tokens[static_cast<size_t>(a)].size() >
-                            impl.vocab.tokens[static_cast<size_t>(b)].size();
-                   });
+  for (auto& list : impl.special_tokens) {
+    std::stable_sort(list.begin(), list.end(), [&](int32_t a, int32_t b) {
+      return impl.vocab.tokens[static_cast<size_t>(a)].size() >
+             impl.vocab.tokens[static_cast<size_t>(b)].size();
+    });
+  }
 }
 
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
@@ -179,12 +185,15 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOption
   };
 
   // Split out special tokens: user-defined ones always, control and unknown ones on request.
+  const int mode = options.parse_special ? 1 : 0;
   size_t plain_start = 0;
   for (size_t pos = 0; pos < text.size();) {
+    if (!impl.special_first_byte[mode][static_cast<uint8_t>(text[pos])]) {
+      ++pos;
+      continue;
+    }
     int32_t match = -1;
-    for (int32_t id : impl.special_tokens) {
-      const TokenType t = impl.type(id);
-      if (t != TokenType::UserDefined && !options.parse_special) continue;
+    for (int32_t id : impl.special_tokens[mode]) {
       const std::string& token_text = impl.vocab.tokens[static_cast<size_t>(id)];
       if (text.compare(pos, token_text.size(), token_text) == 0) {
         match = id;
@@ -265,6 +274,10 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, const DecodeOptions&
   text += stream.flush();
   return text;
 }
+
+TokenStream::TokenStream(const Tokenizer& tokenizer)
+    : TokenStream(tokenizer,
+                  DecodeOptions{.render_special = false, .remove_leading_space = false}) {}
 
 TokenStream::TokenStream(const Tokenizer& tokenizer, DecodeOptions options)
     : tokenizer_(&tokenizer), options_(options) {}

@@ -1,6 +1,7 @@
 // GPT-2 byte-level BPE as llama.cpp does it: split the text with GPT-2's pre-tokenizer regex,
 // spell each word's bytes as printable characters, then apply merges lowest rank first.
 #include <algorithm>
+#include <array>
 #include <queue>
 #include <string>
 #include <vector>
@@ -10,27 +11,38 @@
 
 namespace tandem {
 
-uint32_t gpt2_byte_to_codepoint(uint8_t byte) {
-  // Printable bytes keep their codepoint; the other 68 move to 256.. in byte order.
-  auto printable = [](unsigned b) {
-    return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-  };
-  if (printable(byte)) return byte;
+namespace {
+
+// GPT-2's bytes_to_unicode: printable bytes keep their codepoint; the other 68 move to 256..
+// in byte order. `to_byte` is the inverse over codepoints 0..323 (-1 where none maps).
+struct ByteMapping {
+  std::array<uint32_t, 256> to_codepoint{};
+  std::array<int16_t, 256 + 68> to_byte{};
+};
+
+constexpr ByteMapping make_byte_mapping() {
+  ByteMapping m;
+  for (auto& b : m.to_byte) b = -1;
   uint32_t n = 0;
-  for (unsigned b = 0; b < byte; ++b) n += printable(b) ? 0 : 1;
-  return 256 + n;
+  for (unsigned b = 0; b < 256; ++b) {
+    const bool printable =
+        (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    m.to_codepoint[b] = printable ? b : 256 + n++;
+    m.to_byte[m.to_codepoint[b]] = static_cast<int16_t>(b);
+  }
+  return m;
+}
+
+constexpr ByteMapping kByteMapping = make_byte_mapping();
+
+}  // namespace
+
+uint32_t gpt2_byte_to_codepoint(uint8_t byte) {
+  return kByteMapping.to_codepoint[byte];
 }
 
 int gpt2_codepoint_to_byte(uint32_t codepoint) {
-  if (codepoint < 256)
-    return gpt2_byte_to_codepoint(static_cast<uint8_t>(codepoint)) == codepoint
-               ? static_cast<int>(codepoint)
-               : -1;
-  if (codepoint >= 256 + 68) return -1;
-  for (unsigned b = 0; b < 256; ++b) {
-    if (gpt2_byte_to_codepoint(static_cast<uint8_t>(b)) == codepoint) return static_cast<int>(b);
-  }
-  return -1;
+  return codepoint < kByteMapping.to_byte.size() ? kByteMapping.to_byte[codepoint] : -1;
 }
 
 namespace {

@@ -28,8 +28,11 @@ struct Tokenizer::Impl {
   // SPM: the <0xXX> token of each byte (-1 if missing). BPE: the token of each byte's
   // single-character GPT-2 spelling.
   std::array<int32_t, 256> byte_tokens{};
-  // Control, user-defined and unknown tokens, longest text first, for splitting the input.
-  std::vector<int32_t> special_tokens;
+  // Tokens matched in the input before encoding, longest text first: user-defined ones always
+  // ([0]), with control and unknown ones as well when parsing special tokens ([1]); and the
+  // first bytes those texts can start with, to skip most positions at once.
+  std::array<std::vector<int32_t>, 2> special_tokens;
+  std::array<std::array<bool, 256>, 2> special_first_byte{};
 
   TokenType type(int32_t id) const {
     return vocab.types.empty() ? TokenType::Normal : vocab.types[static_cast<size_t>(id)];

@@ -40,10 +40,10 @@ class SpmSession {
   explicit SpmSession(const Tokenizer::Impl& impl) : impl_(impl) {}
 
   void encode(std::string_view text, std::vector<int32_t>& out) {
-    // Characters by their lead byte, as SentencePiece does; a truncated tail is cut short.
+    // Characters of valid UTF-8; each invalid byte is a symbol of its own, so it falls back to
+    // its byte token and decodes unchanged (llama.cpp trusts the lead byte here instead).
     for (size_t offset = 0; offset < text.size();) {
-      const size_t len = std::min(unicode::utf8_sequence_length(static_cast<uint8_t>(text[offset])),
-                                  text.size() - offset);
+      const size_t len = unicode::decode_utf8(text, offset).length;
       const int index = static_cast<int>(symbols_.size());
       symbols_.push_back(
           {index - 1, offset + len == text.size() ? -1 : index + 1, text.data() + offset, len});

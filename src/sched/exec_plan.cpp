@@ -2,6 +2,7 @@
 // the segments handed to backends, and arena offsets from liveness (intermediates share memory
 // once their last reader has run).
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <string>
@@ -18,6 +19,10 @@ constexpr size_t kSlotAlignment = 256;
 size_t align_up(size_t n) {
   return (n + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
 }
+
+// Unique across executors sharing a backend: a segment signature must never name two pointer
+// sets, or a backend replaying captured work would use stale pointers.
+std::atomic<uint64_t> g_plan_serial{1};
 
 uint64_t mix64(uint64_t h, uint64_t v) {
   h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
@@ -230,6 +235,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     plan->inputs.push_back({node.id, graph.tensor(node.id).name, graph.tensor(node.id).bytes()});
   }
 
+  const uint64_t serial = g_plan_serial.fetch_add(1);
   size_t staging = 0;
   std::vector<size_t> pending;  // transfers of the open segment
   int seg_backend = -1, seg_start = 0;
@@ -239,7 +245,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     for (size_t t : pending) plan->steps.push_back({true, t, 0, plan->transfers[t].dst_backend, 0});
     pending.clear();
     Step s{false, seg_first, plan->execs.size() - seg_first, seg_backend, 0};
-    s.signature = mix64(mix64(plan->key, plan_counter), plan->steps.size());
+    s.signature = mix64(mix64(plan->key, serial), plan->steps.size());
     plan->steps.push_back(s);
   };
   auto new_slot = [&](int g, size_t bytes, int start, int end) {
@@ -402,7 +408,6 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
   plan->staging.assign(staging, 0);
   plan->input_data.assign(plan->inputs.size(), nullptr);
   plan->output_dest.assign(plan->outputs.size(), nullptr);
-  plan_counter++;
   plan->generation = generation;
   return plan;
 }

@@ -119,7 +119,6 @@ struct HybridExecutor::Impl {
   std::unordered_map<std::string, CacheEntry> caches;
   Residency residency;
   uint64_t generation = 1;  // bumped when a persistent pointer changes (migration, eviction)
-  uint64_t plan_counter = 0;
   uint64_t use_counter = 0;
   std::unordered_map<uint64_t, std::unique_ptr<ExecPlan>> plans;
   std::mutex run_mutex;

@@ -19,7 +19,13 @@ uint64_t bit(int group) {
 
 std::string mib(size_t bytes) {
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / (1024.0 * 1024.0));
+  if (bytes < 1024) {
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  } else if (bytes < (size_t(1) << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", double(bytes) / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / (1024.0 * 1024.0));
+  }
   return buf;
 }
 
@@ -86,6 +92,7 @@ class Walk {
       p.estimated_us += sel.estimated_cost.total_us();
     }
     p.planned_transfers = transfers_;
+    p.planned_uploads = uploads_;
     return p;
   }
 
@@ -123,13 +130,9 @@ class Walk {
           }
         }
         loc_[size_t(n.id)] = m;
-        if (n.op == OpKind::Weight) {
-          for (size_t i = 0; i < c_.tensor_pins.size(); ++i) {
-            if (std::regex_match(name, c_.tensor_pins[i].regex)) {
-              weight_pin_[size_t(n.id)] = int(i);
-              break;
-            }
-          }
+        // Pins match weights and KV caches by name (a cache pin keeps a layer's state there).
+        if (n.op == OpKind::Weight || n.op == OpKind::KvCache) {
+          if (c_.pin_matcher) weight_pin_[size_t(n.id)] = c_.pin_matcher->match(name);
         }
       } else if (n.op == OpKind::Attention) {
         // K and V caches read by one attention live together.
@@ -167,6 +170,7 @@ class Walk {
       e.check = c_.backends[b]->check(g_, n);
       const int gb = c_.group[b];
       size_t persistent = 0, transient = 0;
+      bool any_here = false;  // some input already has a copy in this backend's memory
       int source_device = kNoBackend;
       for (size_t i = 0; i < n.inputs.size(); ++i) {
         TensorId s = g_.storage_of(n.inputs[i]);
@@ -183,7 +187,10 @@ class Walk {
             if (m & bit(grp)) source_device = group_backend_[size_t(grp)];
           }
         }
-        if (m & bit(gb)) continue;
+        if (m & bit(gb)) {
+          any_here = true;
+          continue;
+        }
         const size_t bytes = g_.tensor(s).bytes();
         OpKind sop = g_.node(s).op;
         if (sop == OpKind::Weight) {
@@ -205,7 +212,9 @@ class Walk {
       e.free = c_.budgets[b] > used_[b] ? c_.budgets[b] - used_[b] : 0;
       e.fits = e.needed <= e.free;
       const std::string& id = c_.backends[b]->backend_id();
-      if (exhausted_[b]) {
+      // An exhausted device still takes ops that need nothing new and read data already on
+      // it (a preloaded weight, a resident activation).
+      if (exhausted_[b] && (persistent > 0 || !any_here)) {
         e.fits = false;
         e.needed = exhaust_needed_[b];
         e.free = exhaust_free_[b];
@@ -213,8 +222,8 @@ class Walk {
       } else if (!e.fits) {
         e.memory_detail = id + " needs " + mib(e.needed) + " (" + mib(persistent) +
                           " persistent), its budget has " + mib(e.free) + " free";
-        // A device that refused a weight takes no later ops, as llama.cpp's -ngl: a prefix
-        // of the graph on the device, the rest elsewhere, and no ping-pong between them.
+        // A device that refused a weight takes no later op that needs new memory or reads
+        // nothing on it, as llama.cpp's -ngl: a prefix on the device, no ping-pong after.
         if (gb != 0 && persistent > 0 && e.check.ok()) {
           exhausted_[b] = true;
           exhaust_needed_[b] = e.needed;
@@ -416,10 +425,9 @@ class Walk {
       TensorId s = g_.storage_of(in);
       int p = weight_pin_[size_t(s)];
       if (p >= 0) {
-        const CompiledPin& cp = c_.tensor_pins[size_t(p)];
-        pin = cp.backend;
-        why = "pin '" + cp.pin.pattern + "' on weight '" + g_.tensor(s).name + "' -> " +
-              cp.pin.backend_id;
+        const TensorPin& tp = c_.tensor_pins[size_t(p)];
+        pin = c_.tensor_pin_backend[size_t(p)];
+        why = "pin '" + tp.pattern + "' on weight '" + g_.tensor(s).name + "' -> " + tp.backend_id;
         break;
       }
     }
@@ -484,12 +492,12 @@ class Walk {
       OpKind sop = g_.node(s).op;
       if (m == 0) {  // a cache created here
         used_[size_t(b)] += bytes;
+      } else if ((sop == OpKind::Weight && gb != 0) ||
+                 (sop == OpKind::KvCache && n.op == OpKind::KvWrite)) {
+        ++uploads_;  // persistent: a weight upload or a cache migration, once
+        used_[size_t(b)] += bytes;
       } else {
         ++transfers_;
-        if ((sop == OpKind::Weight && gb != 0) ||
-            (sop == OpKind::KvCache && n.op == OpKind::KvWrite)) {
-          used_[size_t(b)] += bytes;
-        }
       }
       m |= bit(gb);
     }
@@ -523,6 +531,7 @@ class Walk {
   std::vector<uint8_t> hops_;
   int current_ = kNoBackend;
   size_t transfers_ = 0;
+  size_t uploads_ = 0;
 };
 
 }  // namespace

@@ -4,18 +4,12 @@
 
 #include <array>
 #include <memory>
-#include <regex>
 #include <vector>
 
+#include "pin_matcher.h"
 #include "tandem/scheduler.h"
 
 namespace tandem {
-
-struct CompiledPin {
-  std::regex regex;
-  TensorPin pin;
-  int backend = kNoBackend;
-};
 
 // Everything build() validated, in the form the walk uses.
 struct PlannerConfig {
@@ -27,7 +21,9 @@ struct PlannerConfig {
   Strategy strategy;
   int only = kNoBackend;
   bool strict = false;
-  std::vector<CompiledPin> tensor_pins;
+  std::vector<TensorPin> tensor_pins;
+  std::vector<int> tensor_pin_backend;
+  std::unique_ptr<PinMatcher> pin_matcher;
   std::array<int, kOpKindCount> op_pin{};
   double switch_threshold = kDefaultSwitchThreshold;
   CostModel cost_model;

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <functional>
 #include <mutex>
-#include <regex>
 #include <string>
 #include <utility>
 
@@ -264,15 +263,13 @@ HybridScheduler HybridScheduler::Builder::build() {
     impl->only = index_of(strategy_.backend_id, "strategy backend_only");
   }
   impl->strict = strict_;
+  std::vector<std::string> patterns;
   for (const TensorPin& p : tensor_pins_) {
-    int b = index_of(p.backend_id, "pin_tensor '" + p.pattern + "'");
-    try {
-      impl->tensor_pins.push_back({std::regex(p.pattern, std::regex::ECMAScript), p, b});
-    } catch (const std::regex_error& e) {
-      throw_error(ErrorCode::InvalidArgument, where,
-                  "pin_tensor pattern '" + p.pattern + "' is not a valid regex (" + e.what() + ")");
-    }
+    impl->tensor_pin_backend.push_back(index_of(p.backend_id, "pin_tensor '" + p.pattern + "'"));
+    impl->tensor_pins.push_back(p);
+    patterns.push_back(p.pattern);
   }
+  if (!patterns.empty()) impl->pin_matcher = std::make_unique<PinMatcher>(patterns);
   impl->op_pin.fill(kNoBackend);
   for (const auto& [op, id] : op_pins_) {
     TANDEM_CHECK_ARG(is_compute(op), where,
@@ -317,6 +314,12 @@ std::shared_ptr<const Placement> HybridScheduler::plan(const Graph& graph,
     if (is_leaf(n.op)) key = mix64(key, std::hash<std::string>{}(graph.tensor(n.id).name));
   }
   key = mix64(key, residency.hash());
+  // A device lost since the last plan must not be chosen again.
+  uint64_t lost = 0;
+  for (size_t b = 0; b < impl_->config->backends.size(); ++b) {
+    if (impl_->config->backends[b]->lost()) lost |= 1ull << b;
+  }
+  key = mix64(key, lost);
   {
     std::lock_guard lock(impl_->mutex);
     auto it = impl_->cache.find(key);

@@ -240,6 +240,22 @@ std::vector<OpCase> all_cases() {
         kExact, 50, true);
   }
   add(
+      "attention_chunks_random_positions",
+      [](Graph& g) {
+        return g.attention(
+            g.input("q", DType::F32, {32, 2, 4}), g.kv_cache("k", DType::F16, {32, 1, 1000}),
+            g.kv_cache("v", DType::F16, {32, 1, 1000}), g.input("p", DType::I32, {4}), 0.2f);
+      },
+      kMatMul, 1000);
+  add(
+      "attention_chunks_f32_odd_dim",
+      [](Graph& g) {
+        return g.attention(
+            g.input("q", DType::F32, {72, 6, 2}), g.kv_cache("k", DType::F32, {72, 3, 700}),
+            g.kv_cache("v", DType::F32, {72, 3, 700}), g.input("p", DType::I32, {2}), 0.1f);
+      },
+      kMatMul, 700);
+  add(
       "kv_write_repeated_positions",
       [](Graph& g) {
         return g.kv_write(g.kv_cache("c", DType::F32, {8, 1, 4}),

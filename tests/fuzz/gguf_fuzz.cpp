@@ -2,7 +2,10 @@
 // file must have all tensor bytes readable, answer every typed accessor with a value or a
 // Format error, and survive a writer round trip unchanged.
 //   cmake --preset fuzz && ninja -C build/fuzz gguf_fuzz
-//   ./build/fuzz/tests/fuzz/gguf_fuzz -max_total_time=600 tests/fuzz/corpus/gguf
+//   mkdir -p /tmp/corpus && cp tests/fuzz/corpus/gguf/* tests/data/gguf/*.gguf /tmp/corpus
+//   ./build/fuzz/tests/fuzz/gguf_fuzz -max_total_time=600 -print_final_stats=1 /tmp/corpus
+// The checked-in corpus holds the generated seeds (gguf_make_corpus) plus the files under 2 KB
+// of a `-merge=1` minimization of earlier runs; model_test replays all of them.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>

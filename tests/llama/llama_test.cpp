@@ -174,3 +174,41 @@ TEST(LlamaEngine, RejectsBadInput) {
 
 }  // namespace
 }  // namespace tandem::cli
+
+namespace tandem::cli {
+namespace {
+
+TEST(LlamaMixed, NGpuLayersPutsLaterLayersAndTheirCacheOnTheCpu) {
+  std::string path = model_path(DType::Q8_0);
+  auto tokens = random_tokens(5, 512);
+  EngineOptions o;
+  o.model_path = path;
+  o.strategy = "gpu";
+  o.n_ctx = 32;
+  o.kv_dtype = DType::F32;
+  o.n_gpu_layers = 1;
+  Engine e(o);
+  auto got = e.eval(tokens, true);
+  auto ref = all_logits(path, "only:reference", tokens);
+  EXPECT_LE(nmse(ref, std::vector<float>(got.begin(), got.end())), 1e-3);
+  const Graph& g = *e.last_graph();
+  const Placement& p = *e.last_placement();
+  bool has_gpu = false;
+  for (const auto& id : available_backend_ids()) has_gpu = has_gpu || id.rfind("cuda:", 0) == 0;
+  for (const Node& n : g.nodes()) {
+    if (!is_compute(n.op)) continue;
+    for (TensorId in : n.inputs) {
+      const std::string& name = g.tensor(g.storage_of(in)).name;
+      const std::string& where = p.at(n.id).backend->backend_id();
+      if (name.rfind("blk.1.", 0) == 0 || name == "cache_k.1" || name == "token_embd.weight") {
+        EXPECT_EQ(where, "cpu") << op_name(n.op) << " reading " << name;
+      }
+      if (has_gpu && name.rfind("blk.0.", 0) == 0) {
+        EXPECT_EQ(where.rfind("cuda:", 0), 0u) << op_name(n.op) << " reading " << name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cli

@@ -38,7 +38,8 @@ void print_rss(const char* when) {
 int write_model(const std::string& preset, const std::string& dtype_str, const std::string& path,
                 uint64_t seed) {
   auto dtype = dtype_from_name(dtype_str);
-  if (!dtype) throw_error(ErrorCode::InvalidArgument, "gguf_synthetic", "unknown dtype " + dtype_str);
+  if (!dtype)
+    throw_error(ErrorCode::InvalidArgument, "gguf_synthetic", "unknown dtype " + dtype_str);
   SyntheticSpec spec = synthetic_preset(preset, *dtype, seed);
   auto start = std::chrono::steady_clock::now();
   int last = -1;
@@ -67,11 +68,12 @@ int inspect(const std::string& path) {
   std::printf("%s: GGUF v%u, %zu keys, %zu tensors, %.3f GB of tensor data, opened in %.1f ms\n",
               path.c_str(), f.version(), f.metadata().size(), f.tensors().size(), bytes / 1e9,
               open_ms);
-  std::printf("llama: vocab %lld embd %lld layers %lld ff %lld heads %lld/%lld head_dim %lld "
-              "rope %g ctx %lld tied %d\n",
-              (long long)c.n_vocab, (long long)c.n_embd, (long long)c.n_layer, (long long)c.n_ff,
-              (long long)c.n_head, (long long)c.n_head_kv, (long long)c.head_dim,
-              double(c.rope_freq_base), (long long)c.context_length, int(c.tied_embeddings));
+  std::printf(
+      "llama: vocab %lld embd %lld layers %lld ff %lld heads %lld/%lld head_dim %lld "
+      "rope %g ctx %lld tied %d\n",
+      (long long)c.n_vocab, (long long)c.n_embd, (long long)c.n_layer, (long long)c.n_ff,
+      (long long)c.n_head, (long long)c.n_head_kv, (long long)c.head_dim, double(c.rope_freq_base),
+      (long long)c.context_length, int(c.tied_embeddings));
   // Touch one byte per page of every tensor: the pages are the file's, not copies.
   unsigned sum = 0;
   for (const auto& t : f.tensors()) {

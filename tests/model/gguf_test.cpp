@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -246,6 +247,21 @@ TEST(GgufRoundTrip, LazyTensorsFillInPlace) {
   for (size_t k = 0; k < t->bytes; ++k) ASSERT_EQ(t->data[k], uint8_t(k * 13));
 }
 
+TEST(GgufRoundTrip, MultiPageTensorsSurviveTheMappedWrite) {
+  // The writer drops finished pages from its mapping; the data must still reach the file.
+  Writer w(64);
+  std::vector<int64_t> ne = {4096, 9};
+  for (int t = 0; t < 3; ++t) {
+    w.add_tensor_lazy("big." + std::to_string(t), DType::F32, ne, [t](uint8_t* dst, size_t n) {
+      for (size_t k = 0; k < n; ++k) dst[k] = uint8_t(k * 31 + size_t(t) * 7 + (k >> 12));
+    });
+  }
+  std::string path = temp_path("pages.gguf");
+  w.write(path);
+  EXPECT_EQ(read_file(path), w.to_bytes());
+  std::filesystem::remove(path);
+}
+
 TEST(GgufRoundTrip, FailedWriteLeavesNoFile) {
   Writer w;
   w.add_tensor_lazy("bad", DType::F32, std::vector<int64_t>{4}, [](uint8_t*, size_t) {
@@ -329,6 +345,33 @@ TEST(GgufWriter, RejectsInvalidInput) {
   Writer huge;
   huge.set("u64s", Value::make_number_array(ValueType::U64, {18446744073709551616.0}));
   EXPECT_EQ(error_code_of([&] { huge.to_bytes(); }), ErrorCode::InvalidArgument);
+}
+
+TEST(GgufRealFiles, LlamaCppVocabFilesParseAndRewriteByteForByte) {
+  // Vocabulary-only GGUFs written by llama.cpp's own tools, in shared/ beside the checkout.
+  // TANDEM_SHARED_DIR overrides where shared/ is (default: beside the checkout).
+  const char* shared = std::getenv("TANDEM_SHARED_DIR");
+  std::filesystem::path dir =
+      (shared ? std::filesystem::path(shared)
+              : std::filesystem::path(TANDEM_SOURCE_DIR) / ".." / "shared") /
+      "data" / "vocab";
+  if (!std::filesystem::exists(dir / "ggml-vocab-llama-spm.gguf")) {
+    GTEST_SKIP() << "llama.cpp vocab files not found in " << dir;
+  }
+  for (const char* name : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"}) {
+    SCOPED_TRACE(name);
+    std::string path = (dir / name).string();
+    File f = File::open(path);
+    EXPECT_EQ(f.version(), 3u);
+    EXPECT_TRUE(f.tensors().empty());
+    const auto& tokens = f.get_string_array("tokenizer.ggml.tokens");
+    EXPECT_EQ(f.get_number_array("tokenizer.ggml.token_type").size(), tokens.size());
+    EXPECT_GT(tokens.size(), 30000u);
+    // Our writer lays the same metadata out exactly as llama.cpp did.
+    Writer w(f.alignment());
+    for (const auto& [key, value] : f.metadata()) w.set(key, value);
+    EXPECT_EQ(w.to_bytes(), read_file(path));
+  }
 }
 
 TEST(GgufOpen, MissingFileIsIo) {

@@ -329,10 +329,10 @@ std::vector<CorpusFile> malformed_corpus() {
 
 std::vector<CorpusFile> fuzz_seed_corpus() {
   std::vector<CorpusFile> seeds;
-  seeds.push_back({"valid_base.gguf", base().serialize(), ""});
+  seeds.push_back({"seed_valid_base", base().serialize(), ""});
   RawFile v2 = base();
   v2.version = 2;
-  seeds.push_back({"valid_v2.gguf", v2.serialize(), ""});
+  seeds.push_back({"seed_valid_v2", v2.serialize(), ""});
   RawFile a64 = base();
   a64.kvs.insert(a64.kvs.begin(), {"general.alignment", kU32, le<uint32_t>(64)});
   a64.alignment = 64;
@@ -340,11 +340,11 @@ std::vector<CorpusFile> fuzz_seed_corpus() {
   a64.tensors[2].offset = 192;
   a64.tensors[3].offset = 256;
   a64.data_bytes = 274;
-  seeds.push_back({"valid_align64.gguf", a64.serialize(), ""});
+  seeds.push_back({"seed_valid_align64", a64.serialize(), ""});
   RawFile empty = base();
   empty.tensors.clear();
   empty.data_bytes = 0;
-  seeds.push_back({"valid_no_tensors.gguf", empty.serialize(), ""});
+  seeds.push_back({"seed_valid_no_tensors", empty.serialize(), ""});
   // A small llama model so the fuzzer reaches LlamaConfig's checks too.
   SyntheticSpec spec;
   spec.name = "fuzz-seed";
@@ -357,7 +357,7 @@ std::vector<CorpusFile> fuzz_seed_corpus() {
   spec.context_length = 64;
   spec.dtype = DType::Q4_0;
   spec.seed = 7;
-  seeds.push_back({"llama_q4_0.gguf", make_synthetic_writer(spec).to_bytes(), ""});
+  seeds.push_back({"seed_llama_q4_0", make_synthetic_writer(spec).to_bytes(), ""});
   return seeds;
 }
 

@@ -21,7 +21,8 @@ std::vector<uint8_t> valid_base_file();
 // At least 40 files, each malformed by one hazard.
 std::vector<CorpusFile> malformed_corpus();
 
-// Valid seed files for the fuzzer (must_mention is empty).
+// Valid seed files for the fuzzer (must_mention is empty). Named without ".gguf" since the
+// repository ignores *.gguf outside tests/data.
 std::vector<CorpusFile> fuzz_seed_corpus();
 
 }  // namespace tandem::testing

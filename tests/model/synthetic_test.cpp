@@ -80,6 +80,10 @@ TEST_P(SyntheticTiny, LoadsWithLlamaCppMetadataAndValidates) {
     EXPECT_EQ(f.find("llama.attention.layer_norm_rms_epsilon")->type, gguf::ValueType::F32);
     EXPECT_EQ(f.find("llama.rope.freq_base")->type, gguf::ValueType::F32);
     EXPECT_EQ(f.get_string("tokenizer.ggml.model"), "llama");
+    EXPECT_EQ(f.get_string("tokenizer.ggml.pre"), "default");
+    EXPECT_EQ(f.get_uint("tokenizer.ggml.unknown_token_id"), 0u);
+    EXPECT_TRUE(f.get_bool("tokenizer.ggml.add_bos_token"));
+    EXPECT_FALSE(f.get_bool("tokenizer.ggml.add_eos_token"));
     const auto& tokens = f.get_string_array("tokenizer.ggml.tokens");
     EXPECT_EQ(tokens.size(), 512u);
     EXPECT_EQ(std::set<std::string>(tokens.begin(), tokens.end()).size(), tokens.size());
@@ -102,8 +106,8 @@ TEST_P(SyntheticTiny, LoadsWithLlamaCppMetadataAndValidates) {
       EXPECT_EQ(t.dtype, norm ? DType::F32 : dtype) << t.name;
     }
     // Weights uniform in [-a, a], a = 1/sqrt(n_in), centred; norms near 1.
-    for (const char* name : {"token_embd.weight", "blk.1.attn_q.weight", "blk.0.ffn_down.weight",
-                             "output.weight"}) {
+    for (const char* name :
+         {"token_embd.weight", "blk.1.attn_q.weight", "blk.0.ffn_down.weight", "output.weight"}) {
       const auto* t = f.find_tensor(name);
       ASSERT_NE(t, nullptr) << name;
       std::vector<float> w = dequantized(*t);
@@ -142,7 +146,9 @@ TEST_P(SyntheticTiny, LoadsWithLlamaCppMetadataAndValidates) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, SyntheticTiny,
                          ::testing::Values(DType::F32, DType::F16, DType::Q8_0, DType::Q4_0),
-                         [](const auto& param_info) { return std::string(dtype_name(param_info.param)); });
+                         [](const auto& param_info) {
+                           return std::string(dtype_name(param_info.param));
+                         });
 
 TEST(Synthetic, DeterministicForAnyThreadCount) {
   SyntheticSpec spec = synthetic_preset("tiny", DType::Q4_0, 99);
@@ -228,8 +234,12 @@ TEST(Synthetic, VocabularyIsSentencePieceShaped) {
   auto v = synthetic_vocab(512);
   std::set<std::string> all(v.begin(), v.end());
   for (char ch = 0x21; ch <= 0x7e; ++ch) EXPECT_TRUE(all.count(std::string(1, ch))) << ch;
-  EXPECT_TRUE(all.count("\xE2\x96\x81" "a"));
-  EXPECT_TRUE(all.count("\xE2\x96\x81" "ba"));
+  EXPECT_TRUE(
+      all.count("\xE2\x96\x81"
+                "a"));
+  EXPECT_TRUE(
+      all.count("\xE2\x96\x81"
+                "ba"));
   error_of([] { synthetic_vocab(100); }, ErrorCode::InvalidArgument);
 }
 
@@ -246,15 +256,14 @@ std::vector<uint8_t> llama_file(const std::function<void(gguf::Writer&)>& edit_k
   w.set_u32("llama.attention.head_count", 4);
   w.set_u32("llama.attention.head_count_kv", 2);
   w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-6f);
-  w.set_string_array("tokenizer.ggml.tokens", std::vector<std::string>(40, "")); // size only
+  w.set_string_array("tokenizer.ggml.tokens", std::vector<std::string>(40, ""));  // size only
   w.set_u32("tokenizer.ggml.bos_token_id", 1);
   edit_keys(w);
   auto add = [&](const std::string& name, std::vector<int64_t> ne, bool norm = false) {
     if (name == skip) return;
     if (name == reshape) ne[0] *= 2;
-    w.add_tensor_lazy(name, norm ? norm_dtype : DType::F32, ne, [](uint8_t* d, size_t n) {
-      std::memset(d, 0, n);
-    });
+    w.add_tensor_lazy(name, norm ? norm_dtype : DType::F32, ne,
+                      [](uint8_t* d, size_t n) { std::memset(d, 0, n); });
   };
   add("token_embd.weight", {64, 40});
   for (int l = 0; l < 2; ++l) {
@@ -284,7 +293,7 @@ TEST(LlamaConfigTest, HandBuiltFileValidatesWithDefaults) {
   LlamaConfig c = LlamaConfig::from_gguf(f);
   EXPECT_EQ(c.n_vocab, 40);
   EXPECT_EQ(c.head_dim, 16);
-  EXPECT_EQ(c.n_rot, 16);  // no rope.dimension_count: head_dim
+  EXPECT_EQ(c.n_rot, 16);                       // no rope.dimension_count: head_dim
   EXPECT_FLOAT_EQ(c.rope_freq_base, 10000.0f);  // no rope.freq_base: llama's default
   EXPECT_FLOAT_EQ(c.rms_eps, 1e-6f);
   EXPECT_EQ(c.bos_token_id, 1);
@@ -333,8 +342,9 @@ TEST(LlamaConfigTest, NamesTheBadKey) {
   w.set_string("general.architecture", "llama");
   std::string m = config_error(w.to_bytes());
   EXPECT_NE(m.find("llama.embedding_length"), std::string::npos) << m;
-  m = config_error(llama_file([](gguf::Writer& x) { x.set_string("general.architecture", "gpt2"); }),
-                   ErrorCode::Unsupported);
+  m = config_error(
+      llama_file([](gguf::Writer& x) { x.set_string("general.architecture", "gpt2"); }),
+      ErrorCode::Unsupported);
   EXPECT_NE(m.find("gpt2"), std::string::npos) << m;
 }
 

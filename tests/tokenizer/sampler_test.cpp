@@ -2,8 +2,10 @@
 // agreement of draw frequencies with the softmax, and parameter validation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "tandem/error.h"
@@ -125,6 +127,87 @@ TEST(Sampler, TemperatureScalesLogitsAfterTruncation) {
   p.min_p = 0.55f;
   const auto logits = log_probs({0.5, 0.3, 0.2});
   EXPECT_EQ(ids_of(Sampler(p).candidates(logits)), (std::vector<int32_t>{0, 1}));
+}
+
+// The straightforward pipeline (full sort, then each stage in turn), to check the fast paths
+// (heap top-k, top-p sorted in chunks, min-p on unsorted candidates) against.
+std::vector<int32_t> reference_ids(std::vector<float> logits, const SamplerParams& p,
+                                   const std::vector<int32_t>& history) {
+  std::vector<int> counts(logits.size());
+  for (int32_t t : history) ++counts[static_cast<size_t>(t)];
+  std::vector<std::pair<float, int32_t>> c;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    float l = logits[i];
+    if (counts[i] > 0) {
+      l = l <= 0 ? l * p.repeat_penalty : l / p.repeat_penalty;
+      l -= static_cast<float>(counts[i]) * p.frequency_penalty + p.presence_penalty;
+    }
+    if (l > -INFINITY) c.emplace_back(l, static_cast<int32_t>(i));
+  }
+  std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  if (p.top_k > 0 && c.size() > static_cast<size_t>(p.top_k))
+    c.resize(static_cast<size_t>(p.top_k));
+  if (p.top_p < 1.0f) {
+    double total = 0.0;
+    for (const auto& t : c) total += std::exp(static_cast<double>(t.first - c[0].first));
+    double cumulative = 0.0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      cumulative += std::exp(static_cast<double>(c[i].first - c[0].first)) / total;
+      if (cumulative >= p.top_p && i + 1 >= static_cast<size_t>(p.min_keep)) {
+        c.resize(i + 1);
+        break;
+      }
+    }
+  }
+  if (p.min_p > 0.0f) {
+    const float min_logit = c[0].first + std::log(p.min_p);
+    size_t keep = 1;
+    while (keep < c.size() &&
+           (c[keep].first >= min_logit || keep < static_cast<size_t>(p.min_keep))) {
+      ++keep;
+    }
+    c.resize(keep);
+  }
+  std::vector<int32_t> ids;
+  for (const auto& t : c) ids.push_back(t.second);
+  return ids;
+}
+
+TEST(Sampler, FastPathsMatchTheStraightforwardPipeline) {
+  const uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (int trial = 0; trial < 60; ++trial) {
+    const size_t n = 1 + rng() % 3000;
+    std::vector<float> logits(n);
+    const float spread = 0.1f + 8.0f * unit(rng);
+    for (float& l : logits) l = spread * (2.0f * unit(rng) - 1.0f);
+    if (trial % 3 == 0 && n > 1) logits[rng() % n] = -INFINITY;  // one stays finite
+    SamplerParams p;
+    p.temperature = 0.3f + unit(rng);
+    p.top_k = trial % 4 == 0 ? 0 : static_cast<int32_t>(1 + rng() % 200);
+    p.top_p = trial % 5 == 0 ? 1.0f : 0.05f + 0.95f * unit(rng);
+    p.min_p = trial % 2 == 0 ? 0.0f : 0.2f * unit(rng);
+    p.min_keep = trial % 7 == 0 ? 5 : 1;
+    p.repeat_penalty = 1.3f;
+    p.presence_penalty = 0.2f;
+    Sampler s(p);
+    std::vector<int32_t> history;
+    for (int h = 0; h < 10; ++h) {
+      const auto t = static_cast<int32_t>(rng() % n);
+      history.push_back(t);
+      s.accept(t);
+    }
+    if (history.size() > 64) history.erase(history.begin(), history.end() - 64);
+    const auto c = s.candidates(logits);
+    ASSERT_EQ(ids_of(c), reference_ids(logits, p, history))
+        << "trial " << trial << " n " << n << " seed " << seed;
+    double sum = 0.0;
+    for (const auto& t : c) sum += t.p;
+    EXPECT_NEAR(sum, 1.0, 1e-5);
+  }
 }
 
 TEST(Sampler, MaskedTokensAreNeverDrawn) {

@@ -2,6 +2,7 @@
 // decoding, streaming and invalid vocabs. The llama.cpp vectors are in vocab_files_test.cpp.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -104,7 +105,7 @@ TEST(SpmTokenizer, DecodeUndoesTheSpacePrefix) {
 
 TEST(SpmTokenizer, StreamHoldsBackPartialCharacters) {
   const Tokenizer t(spm_vocab());
-  TokenStream stream(t);
+  TokenStream stream(t, DecodeOptions{});
   EXPECT_EQ(stream.push(1), "");
   EXPECT_EQ(stream.push(272), "hello");
   EXPECT_EQ(stream.push(kSpmByte0 + 0xE2), "");
@@ -113,6 +114,16 @@ TEST(SpmTokenizer, StreamHoldsBackPartialCharacters) {
   EXPECT_EQ(stream.push(kSpmByte0 + 0xF0), "");
   EXPECT_EQ(stream.flush(), "\xF0") << "an unfinished character comes out at the end";
   EXPECT_EQ(stream.flush(), "");
+}
+
+TEST(SpmTokenizer, StreamAfterAPromptKeepsTheFirstSpace) {
+  const Tokenizer t(spm_vocab());
+  const std::vector<int32_t> prompt = t.encode("hello");
+  EXPECT_EQ(t.decode(prompt), "hello");
+  TokenStream stream(t);  // continues the printed prompt
+  EXPECT_EQ(stream.push(272), " hello");
+  EXPECT_EQ(stream.push(272), " hello");
+  EXPECT_EQ(stream.push(2), "") << "EOS prints nothing";
 }
 
 // GPT-2 style: ids 0..255 are the byte characters in byte order, then merged pieces.
@@ -251,6 +262,30 @@ TEST(BpeTokenizer, Llama3VocabsTakeWholeWordTokensWithoutMerging) {
     ADD_FAILURE() << "accepted an unknown pre-tokenizer";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::Unsupported);
+  }
+}
+
+// Any byte string, valid UTF-8 or not, comes back unchanged: SPM through byte fallback, BPE
+// through its byte alphabet. (Not with user-defined tokens: SPM puts a space after them.)
+TEST(TokenizerRoundTrip, RandomBytesSurviveEncodeDecode) {
+  const uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  const std::vector<std::string> pieces = {
+      "hello", " ", "  ", "\n", "\t", "'s", "3", "\xC3\xA9", "\xF0\x9F\xA6\x99", "<s>"};
+  const Tokenizer spm(spm_vocab());
+  const Tokenizer bpe(bpe_vocab());
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string text;
+    const int n = static_cast<int>(rng() % 12);
+    for (int i = 0; i < n; ++i) {
+      if (rng() % 3 == 0) {
+        text += static_cast<char>(rng() & 0xFF);
+      } else {
+        text += pieces[rng() % pieces.size()];
+      }
+    }
+    EXPECT_EQ(spm.decode(spm.encode(text, EncodeOptions{})), text) << "seed " << seed;
+    EXPECT_EQ(bpe.decode(bpe.encode(text)), text) << "seed " << seed;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -127,13 +128,46 @@ TEST(VocabFromGguf, ReadsSpecialTokensAndFlags) {
   EXPECT_EQ(bpe.decode(std::vector<int32_t>{15496, 50256}, render), "Hello<|endoftext|>");
 }
 
+TEST_P(VocabFile, RandomTextRoundTrips) {
+  const fs::path path = vocab_dir() / GetParam();
+  if (!fs::exists(path)) GTEST_SKIP() << "vocab file not found: " << path;
+  const Tokenizer tokenizer = Tokenizer::from_gguf(gguf::File::open(path.string()));
+  const uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  const std::vector<std::string> pieces = {"The",
+                                           " quick",
+                                           "  ",
+                                           "\n\n",
+                                           "\t",
+                                           "'ll",
+                                           "42",
+                                           ".",
+                                           "\xC3\xA9t\xC3\xA9",
+                                           "\xE4\xB8\xAD",
+                                           "\xF0\x9F\xA6\x99",
+                                           "\xD0\x9F\xD1\x80"};
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string text;
+    const int n = static_cast<int>(rng() % 16);
+    for (int i = 0; i < n; ++i) {
+      if (rng() % 4 == 0) {
+        text += static_cast<char>(rng() & 0xFF);  // often invalid UTF-8
+      } else {
+        text += pieces[rng() % pieces.size()];
+      }
+    }
+    EXPECT_EQ(tokenizer.decode(tokenizer.encode(text, EncodeOptions{})), text)
+        << "seed " << seed << " trial " << trial;
+  }
+}
+
 TEST(VocabFromGguf, StreamsByteTokensAsWholeCharacters) {
   const fs::path spm_path = vocab_dir() / "ggml-vocab-llama-spm.gguf";
   if (!fs::exists(spm_path)) GTEST_SKIP() << "vocab file not found: " << spm_path;
   const Tokenizer spm = Tokenizer::from_gguf(gguf::File::open(spm_path.string()));
   // "🦙" is not in the vocab: it becomes four byte tokens.
   const std::vector<int32_t> ids = spm.encode(" this is 🦙", EncodeOptions{});
-  TokenStream stream(spm);
+  TokenStream stream(spm, DecodeOptions{});
   std::vector<std::string> printed;
   for (int32_t id : ids) printed.push_back(stream.push(id));
   printed.push_back(stream.flush());

@@ -16,6 +16,23 @@ extern "C" const char* __asan_default_options() {
 namespace tandem {
 namespace {
 
+TEST(Error, CodeWhereAndMessage) {
+  const Error e(ErrorCode::Format, "gguf header", "bad magic (0x46554747)");
+  EXPECT_EQ(e.code(), ErrorCode::Format);
+  EXPECT_EQ(e.where(), "gguf header");
+  EXPECT_EQ(e.message(), "bad magic (0x46554747)");
+  EXPECT_STREQ(e.what(), "[gguf header] bad magic (0x46554747)");
+  EXPECT_EQ(error_code_name(ErrorCode::InvalidArgument), "InvalidArgument");
+  EXPECT_EQ(error_code_name(ErrorCode::OutOfMemory), "OutOfMemory");
+  EXPECT_EQ(error_code_name(ErrorCode::DeviceLost), "DeviceLost");
+  EXPECT_EQ(error_code_name(ErrorCode(77)), "Unknown");
+  test::expect_error([] { throw_error(ErrorCode::Io, "file x", "cannot open (errno 2)"); },
+                     ErrorCode::Io, "file x", {"cannot open (errno 2)"});
+  test::expect_error([] { TANDEM_CHECK_ARG(1 + 1 == 3, "math", "arithmetic is broken (3)"); },
+                     ErrorCode::InvalidArgument, "math", {"arithmetic is broken (3)"});
+  EXPECT_NO_THROW(TANDEM_CHECK_ARG(true, "math", "never"));
+}
+
 TEST(Registry, ReferenceIsAlwaysAvailable) {
   const auto ids = available_backend_ids();
   ASSERT_FALSE(ids.empty());

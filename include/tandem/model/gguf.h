@@ -129,10 +129,13 @@ class File {
   std::unique_ptr<Impl> impl_;
 };
 
-// Builds a GGUF v3 file: metadata in insertion order, tensors aligned to `alignment`.
+// Builds a GGUF v3 file: metadata in insertion order, tensors aligned to `alignment`, each
+// padded with zeros to the next multiple. A non-default alignment is recorded as the first key,
+// general.alignment (u32). Bad names, shapes, sizes or out-of-range values: InvalidArgument.
 class Writer {
  public:
   explicit Writer(size_t alignment = 32);
+  // Setting an existing key replaces its value in place (the first insertion fixes the order).
   void set(std::string key, Value value);
   void set_string(std::string key, std::string value);
   void set_u32(std::string key, uint32_t value);
@@ -148,6 +151,7 @@ class Writer {
                   std::span<const uint8_t> bytes);
   void add_tensor_lazy(std::string name, DType dtype, std::span<const int64_t> ne,
                        std::function<void(uint8_t* dst, size_t bytes)> fill);
+  // Writes through a mapped, pre-reserved file; on any failure no file is left behind.
   void write(const std::string& path) const;  // throws Io
   // Same, reporting bytes written so far after the header and after every tensor.
   using Progress = std::function<void(size_t done_bytes, size_t total_bytes)>;

@@ -7,6 +7,7 @@
 #include <deque>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace tandem {
@@ -56,6 +57,10 @@ class Sampler {
   const std::deque<int32_t>& history() const { return history_; }
 
  private:
+  // Penalties and truncation; `sorted` asks for best-first order (sample() does not need it).
+  std::vector<TokenCandidate> select(std::span<const float> logits, bool sorted) const;
+  std::vector<std::pair<int32_t, int>> penalty_counts(size_t n_vocab) const;
+
   SamplerParams params_;
   std::mt19937_64 rng_;
   std::deque<int32_t> history_;  // at most repeat_last_n tokens, oldest first

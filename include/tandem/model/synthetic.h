@@ -30,7 +30,7 @@ struct SyntheticSpec {
   int threads = 0;  // generator threads; 0 = hardware concurrency. Output does not depend on it.
 };
 
-// Presets: "tiny", "llama-3.2-1b" (tied embeddings) and "llama-3.1-8b". Throws InvalidArgument
+// Presets: "tiny", "small" (~160M parameters), "llama-3.2-1b" (tied embeddings) and "llama-3.1-8b". Throws InvalidArgument
 // listing the presets for an unknown name, or for a dtype other than F32, F16, Q8_0, Q4_0.
 SyntheticSpec synthetic_preset(std::string_view preset, DType dtype = DType::F32,
                                uint64_t seed = 0);

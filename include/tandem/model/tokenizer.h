@@ -58,10 +58,14 @@ struct EncodeOptions {
 };
 
 struct DecodeOptions {
-  bool render_special = false;       // print control tokens (BOS, EOS) as their text
-  bool remove_leading_space = true;  // SPM: undo the space prefix added by encode
+  bool render_special = false;  // print control tokens (BOS, EOS) as their text
+  // SPM: drop the space that encode put before the text. Right for decode() of a whole text;
+  // wrong for generated tokens that continue a prompt (see TokenStream).
+  bool remove_leading_space = true;
 };
 
+// Encoder and decoder over one Vocab. Immutable after construction: const members may be called
+// from several threads at once.
 class Tokenizer {
  public:
   // Validates the vocab (sizes agree, ids in range, BPE merges name known pieces); throws
@@ -75,6 +79,8 @@ class Tokenizer {
 
   // Encodes with the vocab's own add_bos/add_eos defaults.
   std::vector<int32_t> encode(std::string_view text) const;
+  // Like llama.cpp, SPM puts the space prefix before every stretch of text that follows a
+  // special token too, so "a<tool>b" decodes as "a<tool> b".
   std::vector<int32_t> encode(std::string_view text, const EncodeOptions& options) const;
 
   // The text of a token sequence. Ids out of range throw InvalidArgument.
@@ -104,7 +110,11 @@ class Tokenizer {
 // over several tokens are held back until the character is complete.
 class TokenStream {
  public:
-  explicit TokenStream(const Tokenizer& tokenizer, DecodeOptions options = {});
+  // For generated tokens that continue text already shown (a prompt): every piece keeps its
+  // spaces, so "▁world" after "Hello" prints " world".
+  explicit TokenStream(const Tokenizer& tokenizer);
+  // With explicit options; DecodeOptions{} decodes a text from its start, as decode() does.
+  TokenStream(const Tokenizer& tokenizer, DecodeOptions options);
   // Text that can be printed now (complete UTF-8 characters only).
   std::string push(int32_t id);
   // Whatever is still held back (an incomplete character at the end of generation).

@@ -47,6 +47,18 @@ struct Kernels {
   float (*dot_bf16)(const uint16_t* a, const float* b, int64_t n);
   void (*axpy_f32)(float alpha, const float* x, float* y, int64_t n);  // y += alpha x
   void (*axpy_f16)(float alpha, const uint16_t* x, float* y, int64_t n);
+  // Attention over a block of cache rows for n_x query heads that share them: each row is
+  // read once for all heads. Rows hold n elements, `stride` elements apart; xs, weights and
+  // accs are n_x consecutive vectors. scores[x * n_rows + j] = row j . xs[x];
+  // accs[x] += sum_j weights[x * n_rows + j] * row j.
+  void (*dot_rows_f32)(const float* rows, int64_t stride, int64_t n_rows, const float* xs,
+                       int64_t n_x, int64_t n, float* scores);
+  void (*dot_rows_f16)(const uint16_t* rows, int64_t stride, int64_t n_rows, const float* xs,
+                       int64_t n_x, int64_t n, float* scores);
+  void (*accumulate_rows_f32)(const float* rows, int64_t stride, int64_t n_rows,
+                              const float* weights, int64_t n_x, float* accs, int64_t n);
+  void (*accumulate_rows_f16)(const uint16_t* rows, int64_t stride, int64_t n_rows,
+                              const float* weights, int64_t n_x, float* accs, int64_t n);
   void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n);
   void (*f32_to_f16)(const float* src, uint16_t* dst, int64_t n);
   void (*bf16_to_f32)(const uint16_t* src, float* dst, int64_t n);

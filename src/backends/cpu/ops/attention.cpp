@@ -1,6 +1,7 @@
-// Causal grouped-query attention over the KV cache in one pass (online softmax): each task
-// owns one (token, head) pair and walks cache positions [0, pos[t]] in blocks of kKeyBlock,
-// rescaling its running sum when the running maximum grows.
+// Causal grouped-query attention over the KV cache in one pass (online softmax). A task owns
+// (token, kv head, chunk of cache positions) and serves every query head of that kv head, so
+// each K/V row is read from memory once per group; a decode step with few kv heads still
+// splits over threads by chunks of the context. Chunks' partial states merge at the end.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -10,8 +11,17 @@
 namespace tandem::cpu {
 
 namespace {
-constexpr int64_t kKeyBlock = 64;
-}
+
+constexpr int64_t kKeyBlock = 64;       // keys scored together (their K/V rows stay in L1)
+constexpr int64_t kMinChunkKeys = 256;  // below this a chunk's merge costs more than it saves
+
+// One query head's running softmax over a range of keys.
+struct PartialState {
+  float max = -INFINITY;
+  float sum = 0.0f;
+};
+
+}  // namespace
 
 void run_attention(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& q = *e.inputs[0].desc;
@@ -27,45 +37,91 @@ void run_attention(const OpContext& ctx, const NodeExecution& e) {
   const bool half = k.dtype == DType::F16;
   check_positions("cpu attention", pos, T, C);
   const Kernels& kn = ctx.k;
-  ctx.pool.parallel_for(T * Hq, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> acc(static_cast<size_t>(D)), score(static_cast<size_t>(kKeyBlock));
+
+  int64_t max_keys = 0;
+  for (int64_t t = 0; t < T; ++t) max_keys = std::max<int64_t>(max_keys, int64_t(pos[t]) + 1);
+  const int64_t want = (2 * int64_t(ctx.pool.size()) + T * Hkv - 1) / (T * Hkv);
+  const int64_t chunks =
+      std::max<int64_t>(1, std::min(want, (max_keys + kMinChunkKeys - 1) / kMinChunkKeys));
+  const int64_t chunk_keys = (max_keys + chunks - 1) / chunks;
+
+  // Per (token, kv head, chunk, head of the group): the state and the unnormalized output;
+  // the heads of a group sit next to each other so the kernels serve them in one call.
+  std::vector<PartialState> states(static_cast<size_t>(T * Hq * chunks));
+  std::vector<float> partial(static_cast<size_t>(T * Hq * chunks * D));
+  auto slot = [&](int64_t t, int64_t h, int64_t c) {
+    return size_t(((t * Hkv + h / group) * chunks + c) * group + h % group);
+  };
+  const int64_t row_stride = Hkv * D;  // elements between cache positions
+
+  ctx.pool.parallel_for(T * Hkv * chunks, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> score(static_cast<size_t>(kKeyBlock * group));
     for (int64_t item = i0; item < i1; ++item) {
-      const int64_t t = item / Hq, h = item % Hq, hk = h / group;
-      const float* qr = qd + (t * Hq + h) * D;
+      const int64_t chunk = item % chunks, hk = (item / chunks) % Hkv, t = item / (chunks * Hkv);
       const int64_t n_kv = int64_t(pos[t]) + 1;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      float running_max = -INFINITY, running_sum = 0.0f;
-      for (int64_t j0 = 0; j0 < n_kv; j0 += kKeyBlock) {
-        const int64_t nj = std::min(kKeyBlock, n_kv - j0);
-        float block_max = -INFINITY;
-        for (int64_t j = 0; j < nj; ++j) {
-          const int64_t off = ((j0 + j) * Hkv + hk) * D;
-          const float s = half ? kn.dot_f16(static_cast<const uint16_t*>(kd) + off, qr, D)
-                               : kn.dot_f32(static_cast<const float*>(kd) + off, qr, D);
-          score[size_t(j)] = s * scale;
-          block_max = std::max(block_max, score[size_t(j)]);
+      const int64_t j_begin = chunk * chunk_keys, j_end = std::min(n_kv, j_begin + chunk_keys);
+      const size_t first = slot(t, hk * group, chunk);
+      PartialState* st = states.data() + first;
+      float* acc = partial.data() + first * size_t(D);
+      std::fill(acc, acc + group * D, 0.0f);
+      const float* qg = qd + (t * Hq + hk * group) * D;
+      for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyBlock) {
+        const int64_t nj = std::min(kKeyBlock, j_end - j0);
+        const int64_t off = (j0 * Hkv + hk) * D;
+        if (half) {
+          kn.dot_rows_f16(static_cast<const uint16_t*>(kd) + off, row_stride, nj, qg, group, D,
+                          score.data());
+        } else {
+          kn.dot_rows_f32(static_cast<const float*>(kd) + off, row_stride, nj, qg, group, D,
+                          score.data());
         }
-        const float new_max = std::max(running_max, block_max);
-        if (new_max > running_max && running_sum > 0.0f) {
-          const float correction = std::exp(running_max - new_max);
-          running_sum *= correction;
-          kn.scale(acc.data(), correction, acc.data(), D);
-        }
-        running_max = new_max;
-        for (int64_t j = 0; j < nj; ++j) score[size_t(j)] -= running_max;
-        kn.exp_inplace(score.data(), nj);
-        for (int64_t j = 0; j < nj; ++j) {
-          const int64_t off = ((j0 + j) * Hkv + hk) * D;
-          const float p = score[size_t(j)];
-          running_sum += p;
-          if (half) {
-            kn.axpy_f16(p, static_cast<const uint16_t*>(vd) + off, acc.data(), D);
-          } else {
-            kn.axpy_f32(p, static_cast<const float*>(vd) + off, acc.data(), D);
+        for (int64_t g = 0; g < group; ++g) {
+          float* sg = score.data() + g * nj;
+          float block_max = -INFINITY;
+          for (int64_t j = 0; j < nj; ++j) {
+            sg[j] *= scale;
+            block_max = std::max(block_max, sg[j]);
           }
+          if (block_max > st[g].max) {
+            if (st[g].sum > 0.0f) {
+              const float correction = std::exp(st[g].max - block_max);
+              st[g].sum *= correction;
+              kn.scale(acc + g * D, correction, acc + g * D, D);
+            }
+            st[g].max = block_max;
+          }
+          for (int64_t j = 0; j < nj; ++j) sg[j] -= st[g].max;
+          kn.exp_inplace(sg, nj);
+          for (int64_t j = 0; j < nj; ++j) st[g].sum += sg[j];
+        }
+        if (half) {
+          kn.accumulate_rows_f16(static_cast<const uint16_t*>(vd) + off, row_stride, nj,
+                                 score.data(), group, acc, D);
+        } else {
+          kn.accumulate_rows_f32(static_cast<const float*>(vd) + off, row_stride, nj, score.data(),
+                                 group, acc, D);
         }
       }
-      kn.scale(acc.data(), 1.0f / running_sum, out + (t * Hq + h) * D, D);
+    }
+  });
+
+  // Merge the chunks of each (token, head): rescale every chunk to the overall maximum.
+  ctx.pool.parallel_for(T * Hq, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t th = i0; th < i1; ++th) {
+      const int64_t t = th / Hq, h = th % Hq;
+      float* o = out + th * D;
+      float overall = -INFINITY;
+      for (int64_t c = 0; c < chunks; ++c) overall = std::max(overall, states[slot(t, h, c)].max);
+      float total = 0.0f;
+      std::fill(o, o + D, 0.0f);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const PartialState& st = states[slot(t, h, c)];
+        if (st.sum <= 0.0f) continue;  // a chunk beyond this token's last position
+        const float w = std::exp(st.max - overall);
+        total += st.sum * w;
+        kn.axpy_f32(w, partial.data() + slot(t, h, c) * size_t(D), o, D);
+      }
+      kn.scale(o, 1.0f / total, o, D);
     }
   });
 }
