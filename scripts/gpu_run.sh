@@ -19,8 +19,10 @@ cat "$OUT/machine.txt"
 PREFIX=()
 if [ -d deps ]; then
   PREFIX=(-DCMAKE_PREFIX_PATH="$ROOT/deps")
-  export LD_LIBRARY_PATH="$ROOT/deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+  export PKG_CONFIG_PATH="$ROOT/deps/lib/x86_64-linux-gnu/pkgconfig:${PKG_CONFIG_PATH:-}"
+  export LD_LIBRARY_PATH="$ROOT/deps/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 fi
+export OPENBLAS_CORETYPE=SkylakeX
 BIN=build/gpu
 start=$(date +%s)
 if cmake -S . -B build/gpu -G Ninja -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
@@ -33,23 +35,37 @@ else
   BIN=prebuilt
 fi
 
+# Each binary runs under a timeout so a hung kernel cannot eat the whole device call; the
+# full log names the test that was running.
 echo "== cuda_test"
-"$BIN/tests/cuda/cuda_test" --gtest_brief=1 >"$OUT/cuda_test.log" 2>&1
-echo "cuda_test exit $?"
+timeout 240 "$BIN/tests/cuda/cuda_test" >"$OUT/cuda_test.log" 2>&1
+status=$?
+echo "cuda_test exit $status"
 grep -E "FAILED|Failure|nmse|PASSED|SKIPPED" "$OUT/cuda_test.log" | head -40
+[ $status -eq 0 ] || tail -5 "$OUT/cuda_test.log"
 for t in "$BIN"/tests/conformance/*test; do
   [ -x "$t" ] || continue
   echo "== $(basename "$t")"
-  "$t" --gtest_brief=1 >"$OUT/conformance.log" 2>&1
-  echo "conformance exit $?"
-  grep -E "FAILED|PASSED|SKIPPED" "$OUT/conformance.log" | head -20
+  timeout 300 "$t" >"$OUT/conformance.log" 2>&1
+  status=$?
+  echo "conformance exit $status"
+  grep -E "FAILED|PASSED|SKIPPED|refuses|skipped" "$OUT/conformance.log" | head -30
+  [ $status -eq 0 ] || tail -5 "$OUT/conformance.log"
 done
 
+if command -v ncu >/dev/null; then
+  echo "== ncu (decode attention, Q4_0 matvec)"
+  timeout 120 ncu --clock-control none -k regex:"attention_kernel|matvec_kernel|quantize_b" -c 5 \
+    --section SpeedOfLight --section Occupancy "$BIN/bench/cuda_bench" \
+    --benchmark_filter='BM_Attention/4096/1/16|BM_QuantizedMatvec/4096/14336/1/4' \
+    --benchmark_min_time=0.01 >"$OUT/ncu.txt" 2>&1
+  grep -E "^  [a-z_ ]*(void |)[a-z_<>:]*(attention|matvec|quantize_b)|Duration|DRAM Throughput|SM Active|Elapsed Cycles|Achieved Occupancy" \
+    "$OUT/ncu.txt" | sed -E 's/\(const.*\) \(/ (/' | head -40
+fi
+
 echo "== cuda_bench"
-"$BIN/bench/cuda_bench" --benchmark_out="$OUT/cuda_bench.json" --benchmark_out_format=json \
-  --benchmark_min_time=0.2 >"$OUT/cuda_bench.log" 2>&1 ||
-  "$BIN/bench/cuda_bench" --benchmark_out="$OUT/cuda_bench.json" --benchmark_out_format=json \
-    >"$OUT/cuda_bench.log" 2>&1
+timeout 240 "$BIN/bench/cuda_bench" --benchmark_out="$OUT/cuda_bench.json" \
+  --benchmark_out_format=json --benchmark_min_time=0.2 >"$OUT/cuda_bench.log" 2>&1
 echo "cuda_bench exit $?"
 python3 - "$OUT/cuda_bench.json" <<'PY'
 import json, sys
