@@ -125,6 +125,10 @@ class Graph {
 
  private:
   TensorId push(Node node, TensorDesc desc);
+  // Checks the inputs of one op and infers its output description.
+  void infer(OpKind op, const std::vector<TensorId>& inputs, OpParams& params, DType out_dtype,
+             const Dims* view_ne, const Dims* view_nb, int64_t view_offset, int view_dims,
+             TensorDesc& out) const;
   void check_id(TensorId id, std::string_view where) const;
 
   std::vector<Node> nodes_;

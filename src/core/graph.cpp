@@ -145,6 +145,29 @@ TensorId Graph::add_node(OpKind op, std::vector<TensorId> inputs, OpParams param
   if (is_leaf(op)) fail(op, "leaves are added with input(), weight() or kv_cache()");
   for (TensorId id : inputs) check_id(id, where_of(op));
 
+  for (TensorId id : inputs) {
+    if (op != OpKind::Copy && !is_metadata(op)) expect_contiguous(op, tensors_[size_t(id)]);
+  }
+
+  TensorDesc out;
+  try {
+    infer(op, inputs, params, out_dtype, view_ne, view_nb, view_offset, view_dims, out);
+  } catch (const Error& e) {
+    // A shape error from make_tensor_desc names no op; report it as this op's.
+    if (e.where().starts_with("graph")) throw;
+    fail(op, e.message());
+  }
+  if (!is_metadata(op) && op != OpKind::KvWrite) out.role = TensorRole::Activation;
+  Node n;
+  n.op = op;
+  n.inputs = std::move(inputs);
+  n.params = params;
+  return push(std::move(n), std::move(out));
+}
+
+void Graph::infer(OpKind op, const std::vector<TensorId>& inputs, OpParams& params, DType out_dtype,
+                  const Dims* view_ne, const Dims* view_nb, int64_t view_offset, int view_dims,
+                  TensorDesc& out) const {
   auto arity = [&](size_t lo, size_t hi) {
     if (inputs.size() < lo || inputs.size() > hi) {
       fail(op, "takes " + std::to_string(lo) + (lo == hi ? "" : " to " + std::to_string(hi)) +
@@ -152,11 +175,6 @@ TensorId Graph::add_node(OpKind op, std::vector<TensorId> inputs, OpParams param
     }
   };
   auto in = [&](size_t i) -> const TensorDesc& { return tensors_[size_t(inputs[i])]; };
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (op != OpKind::Copy && !is_metadata(op)) expect_contiguous(op, in(i));
-  }
-
-  TensorDesc out;
   switch (op) {
     case OpKind::Copy: {
       arity(1, 1);
@@ -397,12 +415,6 @@ TensorId Graph::add_node(OpKind op, std::vector<TensorId> inputs, OpParams param
     default:
       fail(op, "unknown op");
   }
-  if (!is_metadata(op) && op != OpKind::KvWrite) out.role = TensorRole::Activation;
-  Node n;
-  n.op = op;
-  n.inputs = std::move(inputs);
-  n.params = params;
-  return push(std::move(n), std::move(out));
 }
 
 TensorId Graph::copy(TensorId a, DType dtype) {

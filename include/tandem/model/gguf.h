@@ -17,9 +17,32 @@
 
 namespace tandem::gguf {
 
+// Format constants and the reader's limits against hostile files.
+inline constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as little-endian u32
+inline constexpr uint32_t kWriteVersion = 3;
+inline constexpr size_t kDefaultAlignment = 32;
+inline constexpr size_t kMaxAlignment = size_t(1) << 20;
+inline constexpr size_t kMaxNameBytes = 65535;  // keys and tensor names
+inline constexpr size_t kMaxStringBytes = size_t(1) << 20;
+inline constexpr uint64_t kMaxArrayElements = uint64_t(1) << 24;
+inline constexpr uint64_t kMaxMetadataBytes = uint64_t(1) << 28;  // decoded, all keys together
+inline constexpr uint64_t kMaxTensors = uint64_t(1) << 20;
+inline constexpr uint64_t kMaxKeys = uint64_t(1) << 20;
+
 enum class ValueType : uint32_t {
-  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, Bool = 7, String = 8,
-  Array = 9, U64 = 10, I64 = 11, F64 = 12,
+  U8 = 0,
+  I8 = 1,
+  U16 = 2,
+  I16 = 3,
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  Bool = 7,
+  String = 8,
+  Array = 9,
+  U64 = 10,
+  I64 = 11,
+  F64 = 12,
 };
 std::string_view value_type_name(ValueType type);
 
@@ -33,8 +56,8 @@ struct TensorInfo {
   DType dtype = DType::F32;
   int n_dims = 1;
   Dims ne{1, 1, 1, 1};
-  uint64_t offset = 0;        // relative to the start of the data section
-  size_t bytes = 0;           // exact size of the tensor's data
+  uint64_t offset = 0;            // relative to the start of the data section
+  size_t bytes = 0;               // exact size of the tensor's data
   const uint8_t* data = nullptr;  // points into the mapping (zero-copy)
 };
 
@@ -49,6 +72,20 @@ struct Value {
   std::string str;
   std::vector<std::string> strings;  // Array of String
   std::vector<double> numbers;       // Array of numbers or bools, widened
+
+  // The writer reads unsigned integers from `u`, signed ones from `i`, bools from `u`.
+  static Value make_u32(uint32_t v);
+  static Value make_i32(int32_t v);
+  static Value make_u64(uint64_t v);
+  static Value make_i64(int64_t v);
+  static Value make_f32(float v);
+  static Value make_f64(double v);
+  static Value make_bool(bool v);
+  static Value make_string(std::string v);
+  static Value make_string_array(std::vector<std::string> v);
+  static Value make_number_array(ValueType element_type, std::vector<double> v);
+
+  friend bool operator==(const Value&, const Value&) = default;
 };
 
 class File {
@@ -81,6 +118,10 @@ class File {
 
   const std::vector<TensorInfo>& tensors() const;
   const TensorInfo* find_tensor(std::string_view name) const;  // nullptr if absent
+  // File offset where the tensor data section starts (a multiple of alignment()).
+  uint64_t data_offset() const;
+  // Byte offset in the file of a key's entry (for error messages); 0 if absent.
+  uint64_t key_offset(std::string_view key) const;
 
  private:
   struct Impl;
@@ -88,10 +129,13 @@ class File {
   std::unique_ptr<Impl> impl_;
 };
 
-// Builds a GGUF v3 file: metadata in insertion order, tensors aligned to `alignment`.
+// Builds a GGUF v3 file: metadata in insertion order, tensors aligned to `alignment`, each
+// padded with zeros to the next multiple. A non-default alignment is recorded as the first key,
+// general.alignment (u32). Bad names, shapes, sizes or out-of-range values: InvalidArgument.
 class Writer {
  public:
   explicit Writer(size_t alignment = 32);
+  // Setting an existing key replaces its value in place (the first insertion fixes the order).
   void set(std::string key, Value value);
   void set_string(std::string key, std::string value);
   void set_u32(std::string key, uint32_t value);
@@ -107,7 +151,11 @@ class Writer {
                   std::span<const uint8_t> bytes);
   void add_tensor_lazy(std::string name, DType dtype, std::span<const int64_t> ne,
                        std::function<void(uint8_t* dst, size_t bytes)> fill);
+  // Writes through a mapped, pre-reserved file; on any failure no file is left behind.
   void write(const std::string& path) const;  // throws Io
+  // Same, reporting bytes written so far after the header and after every tensor.
+  using Progress = std::function<void(size_t done_bytes, size_t total_bytes)>;
+  void write(const std::string& path, const Progress& progress) const;
   std::vector<uint8_t> to_bytes() const;
 
  private:

@@ -1,0 +1,39 @@
+// Hyperparameters of a `llama` GGUF model (Llama 2/3, Mistral-style dense), read and validated
+// from the metadata, with every tensor the graph builder needs checked for presence and shape.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "tandem/model/gguf.h"
+
+namespace tandem {
+
+struct LlamaConfig {
+  std::string name;                 // general.name, "" if absent
+  int64_t n_vocab = 0;              // tokens (tokenizer.ggml.tokens / token_embd rows)
+  int64_t n_embd = 0;               // llama.embedding_length
+  int64_t n_layer = 0;              // llama.block_count
+  int64_t n_ff = 0;                 // llama.feed_forward_length
+  int64_t n_head = 0;               // llama.attention.head_count
+  int64_t n_head_kv = 0;            // llama.attention.head_count_kv (default n_head)
+  int64_t head_dim = 0;             // llama.attention.key_length (default n_embd / n_head)
+  int64_t n_rot = 0;                // llama.rope.dimension_count (default head_dim)
+  float rms_eps = 1e-5f;            // llama.attention.layer_norm_rms_epsilon
+  float rope_freq_base = 10000.0f;  // llama.rope.freq_base (default 10000)
+  int64_t context_length = 0;       // llama.context_length (the trained maximum)
+  bool tied_embeddings = false;     // no output.weight: the output reuses token_embd.weight
+  int32_t bos_token_id = -1;        // tokenizer.ggml.bos_token_id, -1 if absent
+  int32_t eos_token_id = -1;        // tokenizer.ggml.eos_token_id, -1 if absent
+
+  // Reads and validates the config. A wrong or missing key is Error{Format} naming the key; a
+  // missing or misshapen tensor is Error{Format} naming the tensor; a different
+  // general.architecture is Error{Unsupported}.
+  static LlamaConfig from_gguf(const gguf::File& file);
+};
+
+// "blk.<layer>.<suffix>", e.g. llama_layer_tensor(3, "attn_q.weight").
+std::string llama_layer_tensor(int64_t layer, std::string_view suffix);
+
+}  // namespace tandem

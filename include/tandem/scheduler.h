@@ -1,0 +1,223 @@
+// The hybrid scheduler: places every op of a graph on one of N backends by strategy, pins,
+// capability, cost and memory, and says why (SelectionReason) and what it rejected.
+//
+//   auto sched = HybridScheduler::builder()
+//                    .with_backend(create_backend("cpu"))
+//                    .with_backend(create_backend("cuda:0"))
+//                    .strategy(Strategy::gpu_preferred())
+//                    .memory_budget("cuda:0", 6ull << 30)  // -ngl-like: early layers on the GPU
+//                    .pin_tensor("output\\.weight", "cpu")
+//                    .build();
+//   std::shared_ptr<const Placement> p = sched.plan(graph, executor.residency());
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "tandem/backend.h"
+#include "tandem/capability.h"
+#include "tandem/cost_model.h"
+#include "tandem/graph.h"
+
+namespace tandem {
+
+inline constexpr double kDefaultSwitchThreshold = 2.0;
+inline constexpr int kNoBackend = -1;
+
+struct Strategy {
+  enum class Kind : uint8_t { GpuPreferred, CpuPreferred, Automatic, BackendOnly };
+  Kind kind = Kind::GpuPreferred;
+  std::string backend_id;  // BackendOnly only
+
+  static Strategy gpu_preferred() { return {Kind::GpuPreferred, {}}; }
+  static Strategy cpu_preferred() { return {Kind::CpuPreferred, {}}; }
+  static Strategy automatic() { return {Kind::Automatic, {}}; }
+  static Strategy backend_only(std::string id) { return {Kind::BackendOnly, std::move(id)}; }
+  // "gpu" | "gpu_preferred", "cpu" | "cpu_preferred", "auto" | "automatic", "only:<id>"
+  // (for command lines); throws InvalidArgument listing the accepted forms.
+  static Strategy parse(std::string_view text);
+  std::string to_string() const;  // "gpu_preferred", ..., "backend_only(cuda:0)"
+};
+
+// One candidate's estimated cost, as listed by SelectionReason::CostModel.
+struct CandidateCost {
+  int backend = kNoBackend;
+  std::string backend_id;
+  OpCost cost;
+};
+
+// Why a node went where it did. The first six kinds are the design's; CpuAvailable and
+// GpuFallback mirror them for CpuPreferred; Colocated places Attention/KvWrite where their KV
+// cache lives; FollowsSource marks metadata ops (they alias their source); None marks leaves.
+struct SelectionReason {
+  enum class Kind : uint8_t {
+    None,
+    FollowsSource,
+    GpuAvailable,      // GpuPreferred: a GPU runs it
+    GpuUnavailable,    // GpuPreferred: there is no GPU backend (or none usable at all)
+    CpuFallback,       // GpuPreferred: every GPU refused it; `why` says why the first did
+    CostModel,         // Automatic: `costs` lists every candidate; `why` explains the pick
+    MemoryConstraint,  // the preferred/cheapest backend had no room: needed_bytes > free_bytes
+    UserPreference,    // a pin or BackendOnly; `why` names it
+    CpuAvailable,      // CpuPreferred: a CPU runs it
+    GpuFallback,       // CpuPreferred: no CPU could; `why` says why
+    Colocated,         // runs where its KV cache lives (`why` names the cache)
+  };
+  Kind kind = Kind::None;
+  std::string why;
+  std::vector<CandidateCost> costs;  // CostModel (and MemoryConstraint under Automatic)
+  size_t needed_bytes = 0;           // MemoryConstraint
+  size_t free_bytes = 0;             // MemoryConstraint
+
+  std::string to_string() const;  // "cpu_fallback: cuda:0 does not run rope for dtypes ..."
+};
+std::string_view reason_kind_name(SelectionReason::Kind kind);
+
+struct RejectedCandidate {
+  int backend = kNoBackend;
+  std::string backend_id;
+  RejectReason reason = RejectReason::None;
+  std::string detail;
+};
+
+// The decision for one node.
+struct BackendSelection {
+  Backend* backend = nullptr;  // nullptr for leaves (and metadata ops of leaves)
+  int backend_index = kNoBackend;
+  SelectionReason reason;
+  OpCost estimated_cost;
+  std::vector<RejectedCandidate> rejected;
+};
+
+// Decisions for a whole graph, one per node (indexed by TensorId).
+struct Placement {
+  uint64_t signature = 0;  // Graph::signature()
+  uint64_t key = 0;        // signature + leaf names + residency: what executors cache by
+  std::vector<std::shared_ptr<Backend>> backends;  // BackendSelection::backend_index indexes it
+  std::vector<BackendSelection> nodes;
+  size_t planned_transfers = 0;  // copies between memories each run (inputs, activations)
+  size_t planned_uploads = 0;    // persistent copies made once (weights, KV cache moves)
+  double estimated_us = 0.0;     // sum of chosen compute and transfer estimates
+
+  const BackendSelection& at(TensorId id) const { return nodes.at(size_t(id)); }
+  int backend_index(TensorId id) const { return nodes.at(size_t(id)).backend_index; }
+  // Compute ops per backend (by index).
+  std::vector<size_t> ops_per_backend() const;
+  // A readable table: node, op, shape, backend, reason, estimate.
+  void print(std::ostream& os, const Graph& graph) const;
+};
+
+// Persistent tensors (weights, KV caches) already held by a backend, by name. Executors keep
+// one up to date (HybridExecutor::residency()); plan() reads it for transfer costs, memory
+// budgets and KV-cache colocation. Host-accessible backends share host memory: a weight bound
+// as host data is resident on all of them without being listed.
+class Residency {
+ public:
+  void add(std::string_view backend_id, std::string_view tensor, size_t bytes);
+  void remove(std::string_view backend_id, std::string_view tensor);
+  bool contains(std::string_view backend_id, std::string_view tensor) const;
+  // Backends holding a tensor (empty when none).
+  std::vector<std::string> locations(std::string_view tensor) const;
+  size_t resident_bytes(std::string_view backend_id) const;
+  size_t size() const { return entries_.size(); }
+  // Changes with every add/remove; part of the plan cache key.
+  uint64_t hash() const { return hash_; }
+
+ private:
+  struct Entry {
+    std::string backend_id;
+    std::string tensor;
+    size_t bytes = 0;
+  };
+  std::vector<Entry> entries_;
+  std::unordered_map<std::string, size_t> bytes_by_backend_;
+  uint64_t hash_ = 0;
+};
+
+// A per-tensor pin: a regex (ECMAScript) searched in weight names, first pin that matches wins,
+// as llama.cpp's --override-tensor ("exps" matches "blk.3.ffn_up_exps.weight"); an op reading a
+// matching weight runs on `backend_id`.
+struct TensorPin {
+  std::string pattern;
+  std::string backend_id;
+};
+
+class HybridScheduler {
+ public:
+  class Builder {
+   public:
+    Builder& with_backend(std::shared_ptr<Backend> backend);
+    // Shorthands that also check the backend's kind.
+    Builder& with_cpu_backend(std::shared_ptr<Backend> backend);
+    Builder& with_gpu_backend(std::shared_ptr<Backend> backend);
+    Builder& strategy(Strategy strategy);
+    Builder& strict(bool on = true);
+    Builder& pin_tensor(std::string pattern, std::string backend_id);
+    Builder& pin_op(OpKind op, std::string backend_id);
+    Builder& switch_threshold(double ratio);  // Automatic hysteresis, >= 1
+    // Bytes of persistent tensors (weights, KV caches) plan() may place on a backend, counting
+    // those already resident. Default: the backend's free memory when build() runs.
+    Builder& memory_budget(std::string backend_id, size_t bytes);
+    Builder& cost_model(CostModel model);
+    // Validates everything (at least one backend, unique ids, known pin and BackendOnly ids,
+    // valid patterns) and throws InvalidArgument naming what is wrong.
+    HybridScheduler build();
+
+   private:
+    friend class HybridScheduler;
+    std::vector<std::shared_ptr<Backend>> backends_;
+    Strategy strategy_;
+    bool strict_ = false;
+    std::vector<TensorPin> tensor_pins_;
+    std::vector<std::pair<OpKind, std::string>> op_pins_;
+    double switch_threshold_ = kDefaultSwitchThreshold;
+    std::vector<std::pair<std::string, size_t>> budgets_;
+    CostModel cost_model_;
+  };
+  static Builder builder() { return {}; }
+
+  HybridScheduler(HybridScheduler&&) noexcept;
+  HybridScheduler& operator=(HybridScheduler&&) noexcept;
+  ~HybridScheduler();
+
+  // The placement of a whole graph. Cached by (signature, leaf names, residency): a repeated
+  // call is a hash and a lookup. Throws InvalidArgument/Unsupported (BackendOnly, strict, an op
+  // no backend runs) with the node, the op and every backend's reason.
+  std::shared_ptr<const Placement> plan(const Graph& graph, const Residency& residency = {});
+  // The decision plan() makes for one node (in the context of the graph before it).
+  BackendSelection select_backend(const Graph& graph, const Node& node,
+                                  const Residency& residency = {});
+  BackendSelection select_backend(const Graph& graph, TensorId node,
+                                  const Residency& residency = {}) {
+    return select_backend(graph, graph.node(node), residency);
+  }
+
+  const std::vector<std::shared_ptr<Backend>>& backends() const;
+  int backend_index(std::string_view backend_id) const;  // kNoBackend when unknown
+  const Strategy& strategy() const;
+  bool strict() const;
+  double switch_threshold() const;
+  size_t memory_budget(std::string_view backend_id) const;
+  const CostModel& cost_model() const;
+  size_t cached_plans() const;
+  void clear_cache();
+
+ private:
+  struct Impl;
+  explicit HybridScheduler(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A backend's capability table as text (one row per line) and as JSON
+// ({"backend": id, "kind", "features", "capabilities": [{"op", "dtypes", ...}]}).
+std::string describe_capabilities(const Backend& backend);
+std::string describe_capabilities_json(const Backend& backend);
+
+}  // namespace tandem

@@ -1,0 +1,392 @@
+#include "cuda_backend.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace {
+
+// Kernels take rows and grid dims as 32-bit values; element offsets are 64-bit.
+constexpr int64_t kMaxKernelElements = (int64_t(1) << 31) - 1;
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+constexpr size_t kCounterCount = size_t(1) << 16;
+constexpr size_t kMaxCachedGraphs = 256;
+
+std::vector<OpCapability> build_capabilities() {
+  std::vector<OpCapability> caps;
+  auto add = [&caps](OpKind op, std::vector<DType> dtypes, std::string feature = "") {
+    caps.push_back(OpCapability{op, std::move(dtypes), kMaxKernelElements, std::move(feature)});
+  };
+  add(OpKind::Copy, {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0});
+  add(OpKind::Copy, {DType::I32});
+  add(OpKind::Copy, {DType::I8});
+  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+    add(OpKind::GetRows, {d, DType::I32, DType::F32});
+  }
+  add(OpKind::MatMul, {DType::F32}, "tensor_cores");
+  add(OpKind::MatMul, {DType::F16, DType::F32}, "tensor_cores");
+  add(OpKind::MatMul, {DType::BF16, DType::F32}, "bf16");
+  add(OpKind::QuantizedMatMul, {DType::Q8_0, DType::F32}, "tensor_cores");
+  add(OpKind::QuantizedMatMul, {DType::Q4_0, DType::F32}, "tensor_cores");
+  for (OpKind op : {OpKind::Add, OpKind::Mul, OpKind::Scale, OpKind::Softmax, OpKind::RmsNorm,
+                    OpKind::LayerNorm, OpKind::Silu, OpKind::Gelu, OpKind::SwiGlu}) {
+    add(op, {DType::F32});
+  }
+  add(OpKind::Rope, {DType::F32, DType::I32});
+  add(OpKind::Attention, {DType::F32, DType::I32});
+  add(OpKind::Attention, {DType::F32, DType::F16, DType::I32});
+  for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
+    add(OpKind::Dequantize, {d, DType::F32});
+  }
+  add(OpKind::KvWrite, {DType::F32, DType::I32});
+  add(OpKind::KvWrite, {DType::F16, DType::F32, DType::I32});
+  return caps;
+}
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : allocator_(state_) {
+  state_.id = "cuda:" + std::to_string(device);
+  state_.device = device;
+  auto& s = state_;
+  TANDEM_CUDA_CHECK(s, "init", cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  TANDEM_CUDA_CHECK(s, "init", cudaGetDeviceProperties(&prop, device));
+  sm_count_ = prop.multiProcessorCount;
+  const int cc = prop.major * 10 + prop.minor;
+  features_.push_back("sm_" + std::to_string(cc));
+  if (cc >= 53) features_.push_back("f16");
+  if (cc >= 70) features_.push_back("tensor_cores");
+  if (cc >= 80) features_.push_back("bf16");
+  features_.push_back("cuda_graphs");
+  capabilities_ = build_capabilities();
+  try {
+    TANDEM_CUDA_CHECK(s, "init", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    TANDEM_CUBLAS_CHECK(s, "init", cublasCreate(&cublas_));
+    TANDEM_CUBLAS_CHECK(s, "init", cublasSetStream(cublas_, stream_));
+    // A workspace of our own keeps cuBLAS from allocating inside captured graphs.
+    cublas_workspace_ = allocator_.allocate(kCublasWorkspaceBytes);
+    TANDEM_CUBLAS_CHECK(s, "init",
+                        cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
+    counters_ = static_cast<uint32_t*>(allocator_.allocate(kCounterCount * sizeof(uint32_t)));
+    TANDEM_CUDA_CHECK(s, "init", cudaMemset(counters_, 0, kCounterCount * sizeof(uint32_t)));
+    void* flag = nullptr;
+    TANDEM_CUDA_CHECK(s, "init", cudaHostAlloc(&flag, sizeof(int32_t), cudaHostAllocMapped));
+    error_flag_host_ = static_cast<int32_t*>(flag);
+    *error_flag_host_ = cuda::kDeviceOk;
+    void* flag_device = nullptr;
+    TANDEM_CUDA_CHECK(s, "init", cudaHostGetDevicePointer(&flag_device, flag, 0));
+    error_flag_device_ = static_cast<int32_t*>(flag_device);
+    for (int i = 0; i < kStagingBuffers; ++i) {
+      TANDEM_CUDA_CHECK(s, "init", cudaMallocHost(&staging_[i], kStagingBytes));
+      TANDEM_CUDA_CHECK(s, "init",
+                        cudaEventCreateWithFlags(&staging_done_[i], cudaEventDisableTiming));
+    }
+    TANDEM_CUDA_CHECK(s, "init", cudaEventCreate(&timer_begin_));
+    TANDEM_CUDA_CHECK(s, "init", cudaEventCreate(&timer_end_));
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  release();
+}
+
+void CudaBackend::release() {
+  (void)cudaSetDevice(state_.device);
+  if (stream_ && !state_.lost) (void)cudaStreamSynchronize(stream_);
+  clear_graphs();
+  for (int i = 0; i < kStagingBuffers; ++i) {
+    if (staging_done_[i]) (void)cudaEventDestroy(std::exchange(staging_done_[i], nullptr));
+    if (staging_[i]) (void)cudaFreeHost(std::exchange(staging_[i], nullptr));
+  }
+  if (timer_begin_) (void)cudaEventDestroy(std::exchange(timer_begin_, nullptr));
+  if (timer_end_) (void)cudaEventDestroy(std::exchange(timer_end_, nullptr));
+  if (error_flag_host_) (void)cudaFreeHost(std::exchange(error_flag_host_, nullptr));
+  if (cublas_) (void)cublasDestroy(std::exchange(cublas_, nullptr));
+  if (scratch_) allocator_.free(std::exchange(scratch_, nullptr));
+  if (counters_) allocator_.free(std::exchange(counters_, nullptr));
+  if (cublas_workspace_) allocator_.free(std::exchange(cublas_workspace_, nullptr));
+  if (stream_) (void)cudaStreamDestroy(std::exchange(stream_, nullptr));
+  (void)cudaGetLastError();
+}
+
+void CudaBackend::activate() const {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != state_.device) {
+    (void)cudaSetDevice(state_.device);
+  }
+}
+
+void CudaBackend::check_alive(const char* op) const {
+  if (state_.lost) {
+    throw_error(ErrorCode::DeviceLost, state_.id + " " + op,
+                "device is lost (an earlier error poisoned its context)");
+  }
+  activate();
+}
+
+MemoryInfo CudaBackend::memory() const {
+  if (state_.lost) return {};
+  activate();
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  // Cached blocks are ours to hand out again, so they count as free.
+  return {total_bytes, free_bytes + allocator_.cached_bytes()};
+}
+
+Buffer CudaBackend::allocate(size_t bytes) {
+  std::lock_guard lock(mutex_);
+  check_alive("allocate");
+  return Buffer(this, allocator_.allocate(std::max<size_t>(bytes, 1)), bytes);
+}
+
+void CudaBackend::free_buffer(void* data, size_t /*bytes*/) {
+  std::lock_guard lock(mutex_);
+  allocator_.free(data);
+}
+
+void CudaBackend::copy_from_host(void* device_dst, const void* host_src, size_t bytes) {
+  std::lock_guard lock(mutex_);
+  check_alive("copy_from_host");
+  auto* dst = static_cast<uint8_t*>(device_dst);
+  const auto* src = static_cast<const uint8_t*>(host_src);
+  if (bytes > 2 * kStagingBytes) {
+    // Large copies (weights): the driver stages pageable memory itself and returns once the
+    // source has been read, so the caller may reuse it.
+    TANDEM_CUDA_CHECK(state_, "copy_from_host",
+                      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    return;
+  }
+  for (size_t off = 0; off < bytes; off += kStagingBytes) {
+    const size_t n = std::min(kStagingBytes, bytes - off);
+    const int i = next_staging_;
+    next_staging_ = (next_staging_ + 1) % kStagingBuffers;
+    TANDEM_CUDA_CHECK(state_, "copy_from_host", cudaEventSynchronize(staging_done_[i]));
+    std::memcpy(staging_[i], src + off, n);
+    TANDEM_CUDA_CHECK(state_, "copy_from_host",
+                      cudaMemcpyAsync(dst + off, staging_[i], n, cudaMemcpyHostToDevice, stream_));
+    TANDEM_CUDA_CHECK(state_, "copy_from_host", cudaEventRecord(staging_done_[i], stream_));
+  }
+}
+
+void CudaBackend::copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
+  std::lock_guard lock(mutex_);
+  check_alive("copy_to_host");
+  auto* dst = static_cast<uint8_t*>(host_dst);
+  const auto* src = static_cast<const uint8_t*>(device_src);
+  if (bytes > kStagingBytes) {
+    TANDEM_CUDA_CHECK(state_, "copy_to_host",
+                      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    TANDEM_CUDA_CHECK(state_, "copy_to_host", cudaStreamSynchronize(stream_));
+  } else if (bytes > 0) {
+    const int i = next_staging_;
+    next_staging_ = (next_staging_ + 1) % kStagingBuffers;
+    TANDEM_CUDA_CHECK(state_, "copy_to_host",
+                      cudaMemcpyAsync(staging_[i], src, bytes, cudaMemcpyDeviceToHost, stream_));
+    TANDEM_CUDA_CHECK(state_, "copy_to_host", cudaEventRecord(staging_done_[i], stream_));
+    TANDEM_CUDA_CHECK(state_, "copy_to_host", cudaStreamSynchronize(stream_));
+    std::memcpy(dst, staging_[i], bytes);
+  } else {
+    TANDEM_CUDA_CHECK(state_, "copy_to_host", cudaStreamSynchronize(stream_));
+  }
+  check_device_errors();
+}
+
+void CudaBackend::copy_within(void* device_dst, const void* device_src, size_t bytes) {
+  std::lock_guard lock(mutex_);
+  check_alive("copy_within");
+  if (bytes == 0) return;
+  TANDEM_CUDA_CHECK(
+      state_, "copy_within",
+      cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+cuda::OpContext CudaBackend::op_context() const {
+  cuda::OpContext ctx;
+  ctx.state = const_cast<cuda::DeviceState*>(&state_);
+  ctx.stream = stream_;
+  ctx.cublas = cublas_;
+  ctx.sm_count = sm_count_;
+  ctx.scratch = scratch_;
+  ctx.scratch_bytes = scratch_bytes_;
+  ctx.error_flag = error_flag_device_;
+  ctx.counters = counters_;
+  ctx.counter_count = kCounterCount;
+  return ctx;
+}
+
+void CudaBackend::ensure_scratch(size_t bytes) {
+  if (bytes <= scratch_bytes_) return;
+  // Work already queued may still read the old scratch; the stream orders the reuse.
+  if (scratch_) allocator_.free(std::exchange(scratch_, nullptr));
+  scratch_bytes_ = 0;
+  const size_t grown = std::max(bytes, size_t(1) << 20);
+  scratch_ = allocator_.allocate(grown);
+  scratch_bytes_ = grown;
+}
+
+void CudaBackend::validate(const Graph& graph, const NodeExecution& exec) const {
+  const std::string op(op_name(exec.node->op));
+  CapabilityCheck c = check(graph, *exec.node);
+  if (!c.ok()) throw_error(ErrorCode::Unsupported, state_.id + " " + op, c.detail);
+  if (exec.inputs.size() != exec.node->inputs.size() || !exec.output.desc || !exec.output.data) {
+    throw_error(ErrorCode::InvalidArgument, state_.id + " " + op,
+                "execution has " + std::to_string(exec.inputs.size()) + " inputs for " +
+                    std::to_string(exec.node->inputs.size()) + " or no output");
+  }
+  for (const TensorRef& in : exec.inputs) {
+    if (!in.desc || !in.data) {
+      throw_error(ErrorCode::InvalidArgument, state_.id + " " + op, "input without data");
+    }
+  }
+}
+
+void CudaBackend::execute(const Graph& graph, const NodeExecution& exec) {
+  std::lock_guard lock(mutex_);
+  check_alive(std::string(op_name(exec.node->op)).c_str());
+  validate(graph, exec);
+  ensure_scratch(cuda::op_scratch_bytes(exec, sm_count_));
+  cuda::run_op(op_context(), exec);
+}
+
+void CudaBackend::execute_segment(const Graph& graph, std::span<const NodeExecution> segment,
+                                  uint64_t signature) {
+  std::lock_guard lock(mutex_);
+  check_alive("segment");
+  if (segment.empty()) return;
+  size_t scratch = 0;
+  for (const NodeExecution& e : segment) {
+    scratch = std::max(scratch, cuda::op_scratch_bytes(e, sm_count_));
+  }
+  ensure_scratch(scratch);
+  uint64_t pointers = mix(0, reinterpret_cast<uintptr_t>(scratch_));
+  for (const NodeExecution& e : segment) {
+    pointers = mix(pointers, reinterpret_cast<uintptr_t>(e.output.data));
+    for (const TensorRef& in : e.inputs)
+      pointers = mix(pointers, reinterpret_cast<uintptr_t>(in.data));
+  }
+  auto it = graphs_.find(signature);
+  if (it != graphs_.end() && it->second.pointer_hash == pointers) {
+    TANDEM_CUDA_CHECK(state_, "graph replay", cudaGraphLaunch(it->second.exec, stream_));
+    ++graph_stats_.replays;
+    return;
+  }
+  for (const NodeExecution& e : segment) validate(graph, e);
+
+  const cuda::OpContext ctx = op_context();
+  TANDEM_CUDA_CHECK(state_, "graph capture",
+                    cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    for (const NodeExecution& e : segment) cuda::run_op(ctx, e);
+  } catch (...) {
+    cudaGraph_t partial = nullptr;
+    (void)cudaStreamEndCapture(stream_, &partial);
+    if (partial) (void)cudaGraphDestroy(partial);
+    (void)cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t captured = nullptr;
+  TANDEM_CUDA_CHECK(state_, "graph capture", cudaStreamEndCapture(stream_, &captured));
+  cudaGraphExec_t exec = nullptr;
+  if (it != graphs_.end()) {
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(it->second.exec, captured, &info) == cudaSuccess) {
+      exec = it->second.exec;
+      ++graph_stats_.updates;
+    } else {
+      (void)cudaGetLastError();
+      (void)cudaGraphExecDestroy(it->second.exec);
+    }
+    graphs_.erase(it);
+  }
+  if (!exec) {
+    const cudaError_t err = cudaGraphInstantiate(&exec, captured, 0);
+    (void)cudaGraphDestroy(captured);
+    captured = nullptr;
+    TANDEM_CUDA_CHECK(state_, "graph instantiate", err);
+    ++graph_stats_.captures;
+  }
+  if (captured) (void)cudaGraphDestroy(captured);
+  if (graphs_.size() >= kMaxCachedGraphs) clear_graphs();
+  graphs_[signature] = CachedGraph{pointers, exec};
+  TANDEM_CUDA_CHECK(state_, "graph replay", cudaGraphLaunch(exec, stream_));
+}
+
+void CudaBackend::clear_graphs() {
+  for (auto& [sig, g] : graphs_) {
+    if (g.exec) (void)cudaGraphExecDestroy(g.exec);
+  }
+  graphs_.clear();
+}
+
+void CudaBackend::check_device_errors() {
+  const int32_t code = *reinterpret_cast<volatile int32_t*>(error_flag_host_);
+  if (code == cuda::kDeviceOk) return;
+  *reinterpret_cast<volatile int32_t*>(error_flag_host_) = cuda::kDeviceOk;
+  throw_error(ErrorCode::InvalidArgument,
+              state_.id + (code == cuda::kRowIdOutOfRange ? " get_rows" : " attention/kv_write"),
+              code == cuda::kRowIdOutOfRange
+                  ? "a row id was outside the table (rows left as zeros)"
+                  : "a position was outside the KV cache (the token was skipped)");
+}
+
+void CudaBackend::synchronize() {
+  std::lock_guard lock(mutex_);
+  check_alive("synchronize");
+  TANDEM_CUDA_CHECK(state_, "synchronize", cudaStreamSynchronize(stream_));
+  check_device_errors();
+}
+
+void CudaBackend::timer_start() {
+  std::lock_guard lock(mutex_);
+  check_alive("timer");
+  TANDEM_CUDA_CHECK(state_, "timer", cudaEventRecord(timer_begin_, stream_));
+}
+
+double CudaBackend::timer_stop_us() {
+  std::lock_guard lock(mutex_);
+  check_alive("timer");
+  TANDEM_CUDA_CHECK(state_, "timer", cudaEventRecord(timer_end_, stream_));
+  TANDEM_CUDA_CHECK(state_, "timer", cudaEventSynchronize(timer_end_));
+  float ms = 0.0f;
+  TANDEM_CUDA_CHECK(state_, "timer", cudaEventElapsedTime(&ms, timer_begin_, timer_end_));
+  return double(ms) * 1000.0;
+}
+
+void CudaBackend::inject_fault_for_testing() {
+  std::lock_guard lock(mutex_);
+  check_alive("fault");
+  cuda::launch_trap_kernel(stream_);
+  TANDEM_CUDA_CHECK(state_, "fault", cudaStreamSynchronize(stream_));
+}
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::shared_ptr<Backend> make_cuda_backend(int device) {
+  return std::make_shared<CudaBackend>(device);
+}
+
+}  // namespace tandem

@@ -1,0 +1,114 @@
+// CudaBackend: one NVIDIA GPU ("cuda:N"). Owns a stream, a cuBLAS handle, a caching allocator,
+// pinned staging buffers and a cache of captured CUDA graphs keyed by segment signature.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "allocator.h"
+#include "cuda_check.h"
+#include "ops/ops.h"
+#include "tandem/backend.h"
+
+namespace tandem {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  const std::string& backend_id() const override { return state_.id; }
+  BackendKind kind() const override { return BackendKind::Gpu; }
+  MemoryInfo memory() const override;
+  const std::vector<std::string>& features() const override { return features_; }
+  bool host_accessible() const override { return false; }
+  bool lost() const override { return state_.lost.load(); }
+  const std::vector<OpCapability>& capabilities() const override { return capabilities_; }
+
+  Buffer allocate(size_t bytes) override;
+  void copy_from_host(void* device_dst, const void* host_src, size_t bytes) override;
+  void copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
+  void copy_within(void* device_dst, const void* device_src, size_t bytes) override;
+
+  void execute(const Graph& graph, const NodeExecution& exec) override;
+  // Captures the segment into a CUDA graph on first sight of (signature, pointers) and replays
+  // it afterwards; changed pointers update the instantiated graph in place when possible.
+  void execute_segment(const Graph& graph, std::span<const NodeExecution> segment,
+                       uint64_t signature) override;
+  void synchronize() override;
+  void timer_start() override;
+  double timer_stop_us() override;
+
+  // For tests and benchmarks.
+  int device() const { return state_.device; }
+  cudaStream_t stream() const { return stream_; }
+  int sm_count() const { return sm_count_; }
+  struct GraphStats {
+    int64_t captures = 0;
+    int64_t updates = 0;
+    int64_t replays = 0;
+  };
+  GraphStats graph_stats() const { return graph_stats_; }
+  size_t cached_bytes() const { return allocator_.cached_bytes(); }
+  void release_cached_memory() { allocator_.release_cached(); }
+  // Launches a trapping kernel and synchronizes: poisons this process's context.
+  void inject_fault_for_testing();
+
+ protected:
+  void free_buffer(void* data, size_t bytes) override;
+
+ private:
+  struct CachedGraph {
+    uint64_t pointer_hash = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+
+  void release();         // frees every handle; safe on a partly built backend
+  void activate() const;  // makes this device current on the calling thread
+  void check_alive(const char* op) const;
+  cuda::OpContext op_context() const;
+  void ensure_scratch(size_t bytes);
+  void validate(const Graph& graph, const NodeExecution& exec) const;
+  void check_device_errors();
+  void clear_graphs();
+
+  cuda::DeviceState state_;
+  int sm_count_ = 1;
+  std::vector<std::string> features_;
+  std::vector<OpCapability> capabilities_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  cuda::CachingAllocator allocator_;
+  void* cublas_workspace_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  uint32_t* counters_ = nullptr;
+  int32_t* error_flag_host_ = nullptr;    // mapped pinned word
+  int32_t* error_flag_device_ = nullptr;  // its device alias
+  static constexpr int kStagingBuffers = 2;
+  static constexpr size_t kStagingBytes = size_t(8) << 20;
+  void* staging_[kStagingBuffers] = {};
+  cudaEvent_t staging_done_[kStagingBuffers] = {};
+  int next_staging_ = 0;
+  cudaEvent_t timer_begin_ = nullptr;
+  cudaEvent_t timer_end_ = nullptr;
+  std::unordered_map<uint64_t, CachedGraph> graphs_;
+  GraphStats graph_stats_;
+  std::recursive_mutex mutex_;  // one submitter at a time per device
+};
+
+// The registry's entry points (src/backends/factories.h).
+int cuda_device_count();
+std::shared_ptr<Backend> make_cuda_backend(int device);
+
+}  // namespace tandem

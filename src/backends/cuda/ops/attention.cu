@@ -1,0 +1,332 @@
+// Attention in one pass over K and V (online softmax), causal and grouped-query. A block
+// serves one kv head, one query token and one slice of the context for every query head that
+// shares the kv head, so K and V are read once. Short queries (decode) split the context over
+// many blocks; the last block of a token combines the slices (no second launch).
+#include <algorithm>
+
+#include "common.cuh"
+#include "ops.h"
+#include "tandem/error.h"
+
+namespace tandem::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMaxGroup =
+    4;  // query heads per block (Llama 3: 32/8); larger groups use more blocks
+constexpr int kMaxDim = 256;
+// The combining block keeps one scale per (head, slice) in the reused accumulator tile.
+constexpr int kMaxSplits = kWarps * kMaxDim;
+// A slice's partial result: m, l, two pad floats (keeps acc 16-byte aligned), then acc[D].
+constexpr int kPartialHeader = 4;
+static_assert(kWarps == 4 && kMaxGroup <= kWarps, "the combine gives one warp per head");
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v) {
+  if constexpr (sizeof(T) == 4) {
+    return v;
+  } else {
+    return __half2float(v);
+  }
+}
+
+template <typename T, int kN>
+struct alignas(sizeof(T) * kN > 16 ? 16 : sizeof(T) * kN) Vec {
+  T x[kN];
+};
+
+// This lane's kDpl consecutive dims of one row (dims >= D read as 0).
+template <typename T, int kDpl, bool kFull>
+__device__ __forceinline__ void load_dims(const T* row, int d0, int D, float (&out)[kDpl]) {
+  if constexpr (kFull) {
+    const Vec<T, kDpl> v = *reinterpret_cast<const Vec<T, kDpl>*>(row + d0);
+#pragma unroll
+    for (int i = 0; i < kDpl; ++i) out[i] = to_float(v.x[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kDpl; ++i) out[i] = d0 + i < D ? to_float(row[d0 + i]) : 0.0f;
+  }
+}
+
+template <typename T, int kDpl, bool kFull>
+__global__ __launch_bounds__(kWarps * 32) void attention_kernel(
+    const float* q, const T* k, const T* v, const int32_t* pos, float* out, int D, int Hq, int Hkv,
+    int C, int64_t head_stride, int64_t token_stride, float scale, int group_slices, int splits,
+    int chunk, float* partial, uint32_t* counters, int32_t* error_flag) {
+  __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
+  __shared__ float s_acc[kWarps][kMaxGroup][kMaxDim];
+  __shared__ bool s_last;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int hk = blockIdx.x / group_slices, slice = blockIdx.x % group_slices;
+  const int split = blockIdx.y, t = blockIdx.z;
+  const int group = Hq / Hkv;
+  const int h0 = hk * group + slice * kMaxGroup;
+  const int n_heads = min(kMaxGroup, group - slice * kMaxGroup);
+  const int p = pos[t];
+  int n_kv = p + 1;
+  if (p < 0 || p >= C) {
+    if (threadIdx.x == 0) atomicCAS(error_flag, kDeviceOk, kPositionOutOfRange);
+    n_kv = 0;
+  }
+  const int begin = split * chunk, end = min(begin + chunk, n_kv);
+  const int d0 = lane * kDpl;
+
+  float qr[kMaxGroup][kDpl], acc[kMaxGroup][kDpl], m[kMaxGroup], l[kMaxGroup];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDpl; ++i) {
+      acc[g][i] = 0.0f;
+      qr[g][i] =
+          g < n_heads && d0 + i < D ? q[(int64_t(t) * Hq + h0 + g) * D + d0 + i] * scale : 0.0f;
+    }
+  }
+  const T* kh = k + hk * head_stride;
+  const T* vh = v + hk * head_stride;
+  // kUnroll keys per step so their K and V rows are in flight together.
+  constexpr int kUnroll = 4;
+  for (int j0 = begin + warp * kUnroll; j0 < end; j0 += kWarps * kUnroll) {
+    float kr[kUnroll][kDpl], vr[kUnroll][kDpl];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = min(j0 + u, end - 1);  // clamped rows are loaded but masked below
+      load_dims<T, kDpl, kFull>(kh + j * token_stride, d0, D, kr[u]);
+      load_dims<T, kDpl, kFull>(vh + j * token_stride, d0, D, vr[u]);
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= n_heads) break;
+      float s[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        float p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kDpl; ++i) p += qr[g][i] * kr[u][i];
+        s[u] = p;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) s[u] = warp_sum(s[u]);
+      float m_new = m[g];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j0 + u < end) m_new = fmaxf(m_new, s[u]);
+      }
+      const float corr = __expf(m[g] - m_new);  // 0 on the first keys (m = -inf)
+      l[g] *= corr;
+#pragma unroll
+      for (int i = 0; i < kDpl; ++i) acc[g][i] *= corr;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float w = j0 + u < end ? __expf(s[u] - m_new) : 0.0f;
+        l[g] += w;
+#pragma unroll
+        for (int i = 0; i < kDpl; ++i) acc[g][i] += w * vr[u][i];
+      }
+      m[g] = m_new;
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (lane == 0) {
+      s_m[warp][g] = m[g];
+      s_l[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < kDpl; ++i) {
+      if (d0 + i < D) s_acc[warp][g][d0 + i] = acc[g][i];
+    }
+  }
+  __syncthreads();
+
+  // Combine the warps; with one split this is the answer, else this slice's partial result.
+  const int stride = D + kPartialHeader;
+  for (int idx = threadIdx.x; idx < n_heads * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    float mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w][g]);
+    float L = 0.0f, A = 0.0f;
+    if (mx != -INFINITY) {
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = expf(s_m[w][g] - mx);
+        L += s_l[w][g] * f;
+        A += s_acc[w][g][d] * f;
+      }
+    }
+    const int64_t h = h0 + g;
+    if (splits == 1) {
+      out[(int64_t(t) * Hq + h) * D + d] = L > 0.0f ? A / L : 0.0f;
+    } else {
+      float* part = partial + ((int64_t(t) * Hq + h) * splits + split) * stride;
+      part[kPartialHeader + d] = A;
+      if (d == 0) {
+        part[0] = mx;
+        part[1] = L;
+      }
+    }
+  }
+  if (splits == 1) return;
+  __threadfence();
+  __syncthreads();
+  uint32_t* counter = counters + int64_t(t) * gridDim.x + blockIdx.x;
+  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == uint32_t(splits - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // Warp g finds head g's slice scales (one pass over m and l); then each warp sums a quarter
+  // of the slices for every head with vector loads, and the warps' sums meet in shared memory.
+  float* s_scale = &s_acc[0][0][0];  // reused: kMaxGroup * splits floats (splits <= kMaxSplits)
+  if (warp < n_heads) {
+    const float* parts = partial + (int64_t(t) * Hq + h0 + warp) * splits * stride;
+    float mx = -INFINITY;
+    for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, __ldcg(parts + sp * stride));
+    mx = warp_max(mx);
+    float L = 0.0f;
+    for (int sp = lane; sp < splits; sp += 32) {
+      const float f = mx == -INFINITY ? 0.0f : __expf(__ldcg(parts + sp * stride) - mx);
+      L += __ldcg(parts + sp * stride + 1) * f;
+      s_scale[warp * splits + sp] = f;
+    }
+    L = warp_sum(L);
+    if (lane == 0) s_l[0][warp] = L;
+  }
+  __syncthreads();
+  float sum[kMaxGroup][kDpl];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+#pragma unroll
+    for (int i = 0; i < kDpl; ++i) sum[g][i] = 0.0f;
+#pragma unroll 4
+  for (int sp = warp; sp < splits; sp += kWarps) {
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= n_heads) break;
+      const float* acc_s =
+          partial + ((int64_t(t) * Hq + h0 + g) * splits + sp) * stride + kPartialHeader;
+      const float f = s_scale[g * splits + sp];
+      float v[kDpl];
+      if constexpr (kFull && kDpl == 4) {
+        const float4 x = __ldcg(reinterpret_cast<const float4*>(acc_s + d0));
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < kDpl; ++i) v[i] = d0 + i < D ? __ldcg(acc_s + d0 + i) : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kDpl; ++i) sum[g][i] += f * v[i];
+    }
+  }
+  __syncthreads();  // s_scale (aliasing s_acc) is no longer read
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+#pragma unroll
+    for (int i = 0; i < kDpl; ++i) {
+      if (d0 + i < D) s_acc[warp][g][d0 + i] = sum[g][i];
+    }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < n_heads * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    const float A = s_acc[0][g][d] + s_acc[1][g][d] + s_acc[2][g][d] + s_acc[3][g][d];
+    const float L = s_l[0][g];
+    out[(int64_t(t) * Hq + h0 + g) * D + d] = L > 0.0f ? A / L : 0.0f;
+  }
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (and graph replays)
+}
+
+struct Plan {
+  int group_slices;
+  int splits;
+  int chunk;
+};
+
+Plan plan_attention(const TensorDesc& q, const TensorDesc& k, int sm_count) {
+  const int64_t Hq = q.ne[1], T = q.ne[2], Hkv = k.ne[1], C = k.ne[2];
+  const int group_slices = int((Hq / Hkv + kMaxGroup - 1) / kMaxGroup);
+  const int64_t units = Hkv * group_slices * T;
+  const int64_t target_blocks = int64_t(sm_count) * 4;
+  int64_t splits = 1;
+  if (units < target_blocks) {
+    splits = std::min<int64_t>({(target_blocks + units - 1) / units, (C + 31) / 32, kMaxSplits});
+    splits = std::max<int64_t>(splits, 1);
+  }
+  const int64_t chunk = (C + splits - 1) / splits;
+  splits = (C + chunk - 1) / chunk;
+  return Plan{group_slices, int(splits), int(chunk)};
+}
+
+template <typename T, int kDpl>
+void launch(const OpContext& ctx, const NodeExecution& e, const Plan& plan, bool full) {
+  const TensorDesc& q = *e.inputs[0].desc;
+  const TensorDesc& k = *e.inputs[1].desc;
+  const int64_t elem = int64_t(sizeof(T));
+  dim3 grid(unsigned(k.ne[1] * plan.group_slices), unsigned(plan.splits), unsigned(q.ne[2]));
+  auto args = [&](auto kernel) {
+    kernel<<<grid, kWarps * 32, 0, ctx.stream>>>(
+        static_cast<const float*>(e.inputs[0].data), static_cast<const T*>(e.inputs[1].data),
+        static_cast<const T*>(e.inputs[2].data), static_cast<const int32_t*>(e.inputs[3].data),
+        static_cast<float*>(e.output.data), int(q.ne[0]), int(q.ne[1]), int(k.ne[1]), int(k.ne[2]),
+        k.nb[1] / elem, k.nb[2] / elem, e.node->params.scale, plan.group_slices, plan.splits,
+        plan.chunk, static_cast<float*>(ctx.scratch), ctx.counters, ctx.error_flag);
+  };
+  if (full) {
+    args(attention_kernel<T, kDpl, true>);
+  } else {
+    args(attention_kernel<T, kDpl, false>);
+  }
+}
+
+template <typename T>
+void launch_for_dim(const OpContext& ctx, const NodeExecution& e, const Plan& plan, bool aligned) {
+  const int64_t D = e.inputs[0].desc->ne[0];
+  if (D <= 32) {
+    launch<T, 1>(ctx, e, plan, aligned && D == 32);
+  } else if (D <= 64) {
+    launch<T, 2>(ctx, e, plan, aligned && D == 64);
+  } else if (D <= 128) {
+    launch<T, 4>(ctx, e, plan, aligned && D == 128);
+  } else {
+    launch<T, 8>(ctx, e, plan, aligned && D == 256);
+  }
+}
+
+bool is_aligned(const void* p, size_t a) {
+  return reinterpret_cast<uintptr_t>(p) % a == 0;
+}
+
+}  // namespace
+
+size_t attention_scratch_bytes(const NodeExecution& e, int sm_count) {
+  const TensorDesc& q = *e.inputs[0].desc;
+  const Plan plan = plan_attention(q, *e.inputs[1].desc, sm_count);
+  if (plan.splits == 1) return 0;
+  return size_t(q.ne[2] * q.ne[1]) * size_t(plan.splits) * size_t(q.ne[0] + kPartialHeader) *
+         sizeof(float);
+}
+
+void run_attention(const OpContext& ctx, const NodeExecution& e) {
+  const TensorDesc& q = *e.inputs[0].desc;
+  const TensorDesc& k = *e.inputs[1].desc;
+  if (q.ne[0] > kMaxDim) {
+    throw_error(ErrorCode::Unsupported, ctx.state->id + " attention",
+                "head dim " + std::to_string(q.ne[0]) + " exceeds " + std::to_string(kMaxDim));
+  }
+  Plan plan = plan_attention(q, k, ctx.sm_count);
+  const size_t counters_needed = size_t(k.ne[1] * plan.group_slices * q.ne[2]);
+  if (plan.splits > 1 && (counters_needed > ctx.counter_count ||
+                          attention_scratch_bytes(e, ctx.sm_count) > ctx.scratch_bytes)) {
+    plan = Plan{plan.group_slices, 1, int(k.ne[2])};
+  }
+  const size_t elem = k.dtype == DType::F16 ? 2 : 4;
+  const bool aligned = is_aligned(e.inputs[1].data, 16) && is_aligned(e.inputs[2].data, 16) &&
+                       k.nb[1] % 16 == 0 && k.nb[2] % 16 == 0 && elem > 0;
+  if (k.dtype == DType::F16) {
+    launch_for_dim<__half>(ctx, e, plan, aligned);
+  } else {
+    launch_for_dim<float>(ctx, e, plan, aligned);
+  }
+  ctx.check_launch("attention");
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,113 @@
+// Device helpers shared by the CUDA kernels: element loads of every dtype, block formats and
+// warp/block reductions.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "tandem/dtype.h"
+
+namespace tandem::cuda {
+
+inline constexpr int kQBlock = 32;
+struct alignas(2) DeviceBlockQ8 {
+  uint16_t d;
+  int8_t qs[kQBlock];
+};
+struct alignas(2) DeviceBlockQ4 {
+  uint16_t d;
+  uint8_t qs[kQBlock / 2];
+};
+static_assert(sizeof(DeviceBlockQ8) == sizeof(BlockQ8_0));
+static_assert(sizeof(DeviceBlockQ4) == sizeof(BlockQ4_0));
+
+__device__ __forceinline__ float f16_bits_to_f32(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) {
+  return __uint_as_float(uint32_t(h) << 16);
+}
+__device__ __forceinline__ uint16_t f32_to_f16_bits(float v) {
+  return __half_as_ushort(__float2half_rn(v));
+}
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float v) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+// Element i of a contiguous row of `dtype` (quantized: i indexes elements, not blocks).
+__device__ __forceinline__ float load_f32(DType dtype, const void* row, int64_t i) {
+  switch (dtype) {
+    case DType::F32:
+      return static_cast<const float*>(row)[i];
+    case DType::F16:
+      return f16_bits_to_f32(static_cast<const uint16_t*>(row)[i]);
+    case DType::BF16:
+      return bf16_bits_to_f32(static_cast<const uint16_t*>(row)[i]);
+    case DType::I32:
+      return float(static_cast<const int32_t*>(row)[i]);
+    case DType::I8:
+      return float(static_cast<const int8_t*>(row)[i]);
+    case DType::Q8_0: {
+      const auto& b = static_cast<const DeviceBlockQ8*>(row)[i / kQBlock];
+      return float(b.qs[i % kQBlock]) * f16_bits_to_f32(b.d);
+    }
+    case DType::Q4_0: {
+      const auto& b = static_cast<const DeviceBlockQ4*>(row)[i / kQBlock];
+      const int j = int(i % kQBlock);
+      const int q = j < kQBlock / 2 ? (b.qs[j] & 0x0f) : (b.qs[j - kQBlock / 2] >> 4);
+      return float(q - 8) * f16_bits_to_f32(b.d);
+    }
+  }
+  return 0.0f;
+}
+
+// Stores v as element i of a contiguous plain (non-quantized) float row.
+__device__ __forceinline__ void store_f32(DType dtype, void* row, int64_t i, float v) {
+  switch (dtype) {
+    case DType::F16:
+      static_cast<uint16_t*>(row)[i] = f32_to_f16_bits(v);
+      return;
+    case DType::BF16:
+      static_cast<uint16_t*>(row)[i] = f32_to_bf16_bits(v);
+      return;
+    default:
+      static_cast<float*>(row)[i] = v;
+      return;
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum (or max) over a block of up to 1024 threads; every thread gets the result.
+// `shared` holds 32 floats; callers separate two reductions with __syncthreads().
+template <bool kMax>
+__device__ __forceinline__ float block_reduce(float v, float* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = kMax ? warp_max(v) : warp_sum(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int n_warps = (blockDim.x + 31) / 32;
+  v = lane < n_warps ? shared[lane] : (kMax ? -INFINITY : 0.0f);
+  v = kMax ? warp_max(v) : warp_sum(v);
+  __syncthreads();
+  return v;
+}
+
+inline unsigned grid_1d(int64_t n, int threads, int64_t cap = 65535LL * 16) {
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks < 1) blocks = 1;
+  return unsigned(blocks < cap ? blocks : cap);
+}
+
+}  // namespace tandem::cuda

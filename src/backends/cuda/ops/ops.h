@@ -1,0 +1,75 @@
+// The CUDA op launchers: each takes the op context and one node, checks every call and
+// enqueues its kernels on the context's stream (never synchronizes).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda_check.h"
+#include "tandem/backend.h"
+
+namespace tandem::cuda {
+
+// Device-side error codes raised by kernels for bad data the host cannot see (ids, positions).
+enum DeviceErrorCode : int32_t {
+  kDeviceOk = 0,
+  kRowIdOutOfRange = 1,
+  kPositionOutOfRange = 2,
+};
+
+struct OpContext {
+  DeviceState* state = nullptr;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  int sm_count = 1;
+  void* scratch = nullptr;  // op-private memory, sized by scratch_bytes() before the op runs
+  size_t scratch_bytes = 0;
+  int32_t* error_flag = nullptr;  // device-visible word, checked at synchronize()
+  uint32_t* counters = nullptr;   // zeroed counters for split reductions; kernels re-zero them
+  size_t counter_count = 0;
+
+  void check(cudaError_t err, const char* op, const char* call) const {
+    check_cuda(*state, err, op, call);
+  }
+  void check_launch(const char* op) const { check(cudaGetLastError(), op, "kernel launch"); }
+  void check_blas(cublasStatus_t s, const char* op, const char* call) const {
+    check_cublas(*state, s, op, call);
+  }
+};
+
+// Scratch bytes a node needs (0 for most ops).
+size_t op_scratch_bytes(const NodeExecution& e, int sm_count);
+// Runs one compute node; throws Unsupported for ops with no CUDA kernel.
+void run_op(const OpContext& ctx, const NodeExecution& e);
+
+// One launcher per op family (ops/<family>.cu).
+void run_binary(const OpContext& ctx, const NodeExecution& e);  // Add, Mul
+void run_unary(const OpContext& ctx, const NodeExecution& e);   // Scale, Silu, Gelu
+void run_swiglu(const OpContext& ctx, const NodeExecution& e);
+void run_norm(const OpContext& ctx, const NodeExecution& e);  // RmsNorm, LayerNorm
+void run_softmax(const OpContext& ctx, const NodeExecution& e);
+void run_rope(const OpContext& ctx, const NodeExecution& e);
+void run_get_rows(const OpContext& ctx, const NodeExecution& e);
+void run_copy(const OpContext& ctx, const NodeExecution& e);  // Copy, Dequantize
+void run_kv_write(const OpContext& ctx, const NodeExecution& e);
+void run_matmul(const OpContext& ctx, const NodeExecution& e);
+size_t matmul_scratch_bytes(const NodeExecution& e);
+void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e);
+size_t quantized_matmul_scratch_bytes(const NodeExecution& e);
+void run_attention(const OpContext& ctx, const NodeExecution& e);
+size_t attention_scratch_bytes(const NodeExecution& e, int sm_count);
+// Largest batch (columns of b) served by the matrix-vector kernels.
+inline constexpr int64_t kMatvecMaxColumns = 8;
+
+// Device-side conversions used by several ops (copy.cu): a contiguous tensor of `dtype` to f16
+// or bf16 (for cuBLAS) and quantized weights to f16.
+void convert_to_half(const OpContext& ctx, DType src_dtype, const void* src, void* dst, int64_t n,
+                     bool bf16, const char* op);
+
+// Launches a kernel that traps: poisons the context (device-lost tests only).
+void launch_trap_kernel(cudaStream_t stream);
+
+}  // namespace tandem::cuda

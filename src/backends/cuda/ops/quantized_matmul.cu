@@ -1,0 +1,183 @@
+// QuantizedMatMul with Q4_0/Q8_0 weights in GGUF layout. Up to kMatvecMaxColumns columns of b:
+// b is quantized to int8 blocks and a matrix-vector kernel reads the weight blocks once,
+// multiplying with __dp4a. More columns: the weights are dequantized to f16 and multiplied on
+// tensor cores by cuBLAS with f32 accumulation.
+#include "common.cuh"
+#include "ops.h"
+#include "tandem/error.h"
+
+namespace tandem::cuda {
+
+void gemm_batched(const OpContext& ctx, const char* op, const TensorDesc& a, const void* a_data,
+                  DType a_type, const TensorDesc& b, const void* b_data, DType b_type, float* out);
+
+namespace {
+
+size_t align_up(size_t v) {
+  return (v + 255) / 256 * 256;
+}
+
+constexpr int kWarps = 4;
+
+// b as int8 blocks of 32 with one f32 scale each (like ggml's q8_1), so the weights' quants
+// meet it in __dp4a: a quarter of f32 b's bytes and one instruction per four products.
+__global__ void quantize_b_kernel(const float* b, int8_t* bq, float* bd, int64_t n_blocks) {
+  const int64_t blk = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (blk >= n_blocks) return;
+  const float x = b[blk * kQBlock + lane];
+  const float amax = warp_max(fabsf(x));
+  const float d = amax / 127.0f;
+  bq[blk * kQBlock + lane] = int8_t(d > 0.0f ? rintf(x / d) : 0.0f);
+  if (lane == 0) bd[blk] = d;
+}
+
+// Two 16-bit loads: quants follow the 2-byte scale, so they are only 2-byte aligned.
+__device__ __forceinline__ int load_int_b2(const uint8_t* p) {
+  const auto* h = reinterpret_cast<const uint16_t*>(p);
+  return int(uint32_t(h[0]) | (uint32_t(h[1]) << 16));
+}
+
+// One warp per row. Q4_0: two lanes per block (8 quant bytes = 16 elements each); Q8_0: four
+// lanes per block (8 bytes each). Consecutive lanes read consecutive bytes of the row.
+template <DType kType, int kCols>
+__global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, int64_t row_stride,
+                                                             int64_t a_stride2, int64_t a_stride3,
+                                                             int64_t a_div2, int64_t a_div3, int M,
+                                                             int n_blocks, const int8_t* bq,
+                                                             const float* bd, int64_t b_ne2,
+                                                             float* out) {
+  constexpr bool kQ4 = kType == DType::Q4_0;
+  constexpr int kLanesPerBlock = kQ4 ? 2 : 4;
+  constexpr int kBlocksPerStep = 32 / kLanesPerBlock;
+  constexpr int kBlockBytes = kQ4 ? 18 : 34;
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (row >= M) return;
+  const int64_t z = blockIdx.y, i2 = z % b_ne2, i3 = z / b_ne2;
+  const int64_t K = int64_t(n_blocks) * kQBlock;
+  const uint8_t* ar = a + (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3 + row * row_stride;
+  bq += z * kCols * K;
+  bd += z * kCols * int64_t(n_blocks);
+  out += z * int64_t(M) * kCols;
+  const int part = lane % kLanesPerBlock;
+
+  float acc[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+#pragma unroll 8  // eight steps of loads in flight per warp (the loop is memory-latency bound)
+  for (int blk = lane / kLanesPerBlock; blk < n_blocks; blk += kBlocksPerStep) {
+    const uint8_t* bp = ar + int64_t(blk) * kBlockBytes;
+    const float dw = f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(bp));
+    const int w0 = load_int_b2(bp + 2 + 8 * part);
+    const int w1 = load_int_b2(bp + 6 + 8 * part);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int8_t* bb = bq + c * K + int64_t(blk) * kQBlock;
+      const float db = bd[c * int64_t(n_blocks) + blk];
+      int dot;
+      if constexpr (kQ4) {
+        // Low nibbles are elements 8p..8p+7, high nibbles 16+8p..16+8p+7; q - 8 via the sum.
+        const int2 blo = *reinterpret_cast<const int2*>(bb + 8 * part);
+        const int2 bhi = *reinterpret_cast<const int2*>(bb + 16 + 8 * part);
+        dot = __dp4a(w0 & 0x0F0F0F0F, blo.x, 0);
+        dot = __dp4a(w1 & 0x0F0F0F0F, blo.y, dot);
+        dot = __dp4a((w0 >> 4) & 0x0F0F0F0F, bhi.x, dot);
+        dot = __dp4a((w1 >> 4) & 0x0F0F0F0F, bhi.y, dot);
+        int sum = __dp4a(0x01010101, blo.x, 0);
+        sum = __dp4a(0x01010101, blo.y, sum);
+        sum = __dp4a(0x01010101, bhi.x, sum);
+        sum = __dp4a(0x01010101, bhi.y, sum);
+        dot -= 8 * sum;
+      } else {
+        const int2 bv = *reinterpret_cast<const int2*>(bb + 8 * part);
+        dot = __dp4a(w0, bv.x, 0);
+        dot = __dp4a(w1, bv.y, dot);
+      }
+      acc[c] += dw * db * float(dot);
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const float v = warp_sum(acc[c]);
+    if (lane == 0) out[int64_t(c) * M + row] = v;
+  }
+}
+
+template <int kCols>
+void launch_matvec(const OpContext& ctx, const NodeExecution& e) {
+  const TensorDesc& a = *e.inputs[0].desc;
+  const TensorDesc& b = *e.inputs[1].desc;
+  const int64_t K = a.ne[0], M = a.ne[1];
+  const int64_t batches = b.ne[2] * b.ne[3];
+  const int64_t div2 = b.ne[2] / a.ne[2], div3 = b.ne[3] / a.ne[3];
+  const int64_t b_blocks = b.elements() / kQBlock;
+  auto* bq = static_cast<int8_t*>(ctx.scratch);
+  auto* bd = reinterpret_cast<float*>(bq + align_up(size_t(b.elements())));
+  quantize_b_kernel<<<grid_1d(b_blocks * 32, 256, INT32_MAX), 256, 0, ctx.stream>>>(
+      static_cast<const float*>(e.inputs[1].data), bq, bd, b_blocks);
+  ctx.check_launch("quantized_matmul");
+  const dim3 grid(unsigned((M + kWarps - 1) / kWarps), unsigned(batches));
+  const auto* ap = static_cast<const uint8_t*>(e.inputs[0].data);
+  auto* op = static_cast<float*>(e.output.data);
+  auto go = [&](auto kernel) {
+    kernel<<<grid, kWarps * 32, 0, ctx.stream>>>(ap, a.nb[1], a.nb[2], a.nb[3], div2, div3, int(M),
+                                                 int(K / kQBlock), bq, bd, b.ne[2], op);
+  };
+  if (a.dtype == DType::Q4_0) {
+    go(matvec_kernel<DType::Q4_0, kCols>);
+  } else {
+    go(matvec_kernel<DType::Q8_0, kCols>);
+  }
+  ctx.check_launch("quantized_matmul");
+}
+
+}  // namespace
+
+size_t quantized_matmul_scratch_bytes(const NodeExecution& e) {
+  const TensorDesc& a = *e.inputs[0].desc;
+  const TensorDesc& b = *e.inputs[1].desc;
+  if (b.ne[1] <= kMatvecMaxColumns) {
+    return align_up(size_t(b.elements())) + align_up(size_t(b.elements() / kQBlock) * 4);
+  }
+  return align_up(size_t(a.elements()) * 2) + align_up(size_t(b.elements()) * 2);
+}
+
+void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
+  const TensorDesc& a = *e.inputs[0].desc;
+  const TensorDesc& b = *e.inputs[1].desc;
+  if (a.ne[1] > INT32_MAX || a.ne[0] / 64 > INT32_MAX) {
+    throw_error(ErrorCode::Unsupported, ctx.state->id + " quantized_matmul",
+                "weights " + shape_string(a) + " exceed the kernel's int32 row range");
+  }
+  switch (b.ne[1]) {
+    case 1:
+      return launch_matvec<1>(ctx, e);
+    case 2:
+      return launch_matvec<2>(ctx, e);
+    case 3:
+      return launch_matvec<3>(ctx, e);
+    case 4:
+      return launch_matvec<4>(ctx, e);
+    case 5:
+      return launch_matvec<5>(ctx, e);
+    case 6:
+      return launch_matvec<6>(ctx, e);
+    case 7:
+      return launch_matvec<7>(ctx, e);
+    case 8:
+      return launch_matvec<8>(ctx, e);
+    default:
+      break;
+  }
+  // Large batches: weights to f16 once, b to f16, tensor-core GEMM with f32 accumulation.
+  auto* a_half = static_cast<uint8_t*>(ctx.scratch);
+  auto* b_half = a_half + align_up(size_t(a.elements()) * 2);
+  convert_to_half(ctx, a.dtype, e.inputs[0].data, a_half, a.elements(), false, "quantized_matmul");
+  convert_to_half(ctx, DType::F32, e.inputs[1].data, b_half, b.elements(), false,
+                  "quantized_matmul");
+  gemm_batched(ctx, "quantized_matmul", a, a_half, DType::F16, b, b_half, DType::F16,
+               static_cast<float*>(e.output.data));
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,46 @@
+// Small helpers shared by the `tandem` subcommands: sizes, lists, progress, tables.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem::cli {
+
+// "8GiB", "512MiB", "1.5G", "4096" (bytes). Throws InvalidArgument naming the flag.
+uint64_t parse_size(std::string_view text, std::string_view flag);
+// "1,2,3" or "1 2 3" -> ids. Throws InvalidArgument naming the flag.
+std::vector<int32_t> parse_ids(std::string_view text, std::string_view flag);
+std::string format_bytes(uint64_t bytes);
+
+// A one-line progress bar on a terminal; silent when stderr is not a terminal.
+class Progress {
+ public:
+  Progress(std::string label, uint64_t total);
+  ~Progress();
+  void update(uint64_t done);
+  void finish();
+
+ private:
+  std::string label_;
+  uint64_t total_;
+  bool enabled_;
+  bool finished_ = false;
+  int last_percent_ = -1;
+};
+
+// Mean and sample standard deviation.
+struct MeanStd {
+  double mean = 0.0;
+  double stddev = 0.0;
+};
+MeanStd mean_std(const std::vector<double>& values);
+
+// Renders rows as a Markdown table with aligned columns.
+std::string markdown_table(const std::vector<std::string>& header,
+                           const std::vector<std::vector<std::string>>& rows);
+
+}  // namespace tandem::cli

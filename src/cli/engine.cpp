@@ -1,0 +1,126 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+
+#include "cli_util.h"
+#include "tandem/error.h"
+#include "tandem/registry.h"
+
+namespace tandem::cli {
+
+Engine::Engine(const EngineOptions& options)
+    : file_(gguf::File::open(options.model_path)), config_(LlamaConfig::from_gguf(file_)) {
+  tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(file_));
+  kv_dtype_ = options.kv_dtype;
+  n_ctx_ = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.context_length, 4096);
+  TANDEM_CHECK_ARG(n_ctx_ >= 1, "engine", "context length must be >= 1");
+
+  Strategy strategy = Strategy::parse(options.strategy);
+  std::vector<TensorPin> pins = options.pins;
+  if (options.n_gpu_layers) {
+    const int ngl = *options.n_gpu_layers;
+    TANDEM_CHECK_ARG(ngl >= 0, "--n-gpu-layers", "must be >= 0 (got " + std::to_string(ngl) + ")");
+    std::string layers;
+    for (int l = ngl; l < int(config_.n_layer); ++l)
+      layers += (layers.empty() ? "" : "|") + std::to_string(l);
+    if (!layers.empty()) {
+      pins.push_back({"blk\\.(" + layers + ")\\..*", "cpu"});
+      pins.push_back({"cache_[kv]\\.(" + layers + ")", "cpu"});
+    }
+    pins.push_back({"token_embd\\.weight", "cpu"});
+    if (ngl <= int(config_.n_layer)) pins.push_back({"output(_norm)?\\.weight", "cpu"});
+  }
+  strategy_name_ = options.strategy;
+  BackendOptions backend_options;
+  backend_options.cpu_threads = options.threads;
+  auto backends = available_backends(backend_options);
+  // A backend named by the strategy or a pin (e.g. "reference") joins even if it is not a
+  // default one.
+  std::vector<std::string> named;
+  if (strategy.kind == Strategy::Kind::BackendOnly) named.push_back(strategy.backend_id);
+  for (const auto& pin : pins) named.push_back(pin.backend_id);
+  for (const auto& id : named) {
+    bool present = std::any_of(backends.begin(), backends.end(),
+                               [&](const auto& b) { return b->backend_id() == id; });
+    if (!present) backends.push_back(create_backend(id, backend_options));
+  }
+  auto builder = HybridScheduler::builder();
+  for (auto& b : backends) builder.with_backend(b);
+  builder.strategy(strategy).strict(options.strict);
+  for (const auto& pin : pins) builder.pin_tensor(pin.pattern, pin.backend_id);
+  if (options.gpu_memory) {
+    for (auto& b : backends) {
+      if (b->kind() == BackendKind::Gpu)
+        builder.memory_budget(b->backend_id(), *options.gpu_memory);
+    }
+  }
+  scheduler_ = std::make_unique<HybridScheduler>(builder.build());
+  ExecutorOptions exec_options;
+  exec_options.timing = options.timing;
+  exec_options.record_events = options.record_events;
+  executor_ = std::make_unique<HybridExecutor>(*scheduler_, exec_options);
+  for (const auto& t : file_.tensors()) executor_->bind_weight(t.name, t.data, t.bytes);
+}
+
+const LlamaGraph& Engine::graph_for(int64_t n_tokens, bool all_logits) {
+  auto key = std::make_pair(n_tokens, all_logits);
+  auto it = graphs_.find(key);
+  if (it != graphs_.end()) return it->second;
+  LlamaGraphOptions options;
+  options.n_tokens = n_tokens;
+  options.n_ctx = n_ctx_;
+  options.kv_dtype = kv_dtype_;
+  options.all_logits = all_logits;
+  return graphs_.emplace(key, build_llama_graph(config_, file_, options)).first->second;
+}
+
+std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_logits) {
+  const int64_t n = int64_t(tokens.size());
+  TANDEM_CHECK_ARG(n >= 1, "engine", "no tokens to evaluate");
+  if (n_past_ + n > n_ctx_) {
+    throw_error(ErrorCode::InvalidArgument, "engine",
+                "context full (" + std::to_string(n_past_) + " + " + std::to_string(n) +
+                    " tokens > " + std::to_string(n_ctx_) + "; raise --ctx-size)");
+  }
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= config_.n_vocab) {
+      throw_error(ErrorCode::InvalidArgument, "engine",
+                  "token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                      std::to_string(config_.n_vocab) + ")");
+    }
+  }
+  const LlamaGraph& lg = graph_for(n, all_logits);
+  positions_.resize(size_t(n));
+  std::iota(positions_.begin(), positions_.end(), int32_t(n_past_));
+  const TensorDesc& out = lg.graph.tensor(lg.logits);
+  logits_.resize(size_t(out.elements()));
+
+  last_placement_ = scheduler_->plan(lg.graph, executor_->residency());
+  last_graph_ = &lg.graph;
+  Bindings bindings;
+  bindings.input(lg.tokens, tokens.data(), tokens.size_bytes())
+      .input(lg.positions, positions_.data(), positions_.size() * sizeof(int32_t))
+      .output(lg.logits, logits_.data(), logits_.size() * sizeof(float));
+  executor_->run(lg.graph, *last_placement_, bindings);
+  n_past_ += n;
+  return logits_;
+}
+
+std::string Engine::placement_summary() const {
+  std::ostringstream os;
+  if (!last_placement_) return "no step run yet";
+  auto ops = last_placement_->ops_per_backend();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (i) os << ", ";
+    os << last_placement_->backends[i]->backend_id() << " " << ops[i] << " ops";
+  }
+  os << "; resident:";
+  for (const auto& b : executor_->backends()) {
+    os << " " << b->backend_id() << " " << format_bytes(executor_->resident_bytes(b->backend_id()));
+  }
+  return os.str();
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,83 @@
+// The generation engine behind `tandem run`, `bench` and `logits`: a mapped GGUF model, its
+// tokenizer, a scheduler over the chosen backends and an executor that keeps weights and the
+// KV cache resident between steps. Graphs are built once per step shape and reused.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tandem/executor.h"
+#include "tandem/model/gguf.h"
+#include "tandem/model/llama_config.h"
+#include "tandem/model/llama_graph.h"
+#include "tandem/model/tokenizer.h"
+#include "tandem/scheduler.h"
+
+namespace tandem::cli {
+
+struct EngineOptions {
+  std::string model_path;
+  std::string strategy = "gpu";        // gpu | cpu | auto | only:ID
+  std::optional<uint64_t> gpu_memory;  // persistent-memory budget for every GPU
+  int threads = 0;                     // CPU backend threads (0: physical cores)
+  int64_t n_ctx = 0;                   // KV cache length (0: min(trained, 4096))
+  DType kv_dtype = DType::F16;
+  bool strict = false;
+  std::vector<TensorPin> pins;  // --override-tensor style pins
+  // llama.cpp -ngl: layers >= N (weights and KV cache), the token embedding and, below
+  // n_layer + 1, the output layer run on the CPU. Unset: placement is the strategy's alone.
+  std::optional<int> n_gpu_layers;
+  TimingMode timing = TimingMode::Off;
+  bool record_events = true;
+};
+
+class Engine {
+ public:
+  explicit Engine(const EngineOptions& options);
+
+  const LlamaConfig& config() const { return config_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const gguf::File& file() const { return file_; }
+  int64_t n_ctx() const { return n_ctx_; }
+  int64_t n_past() const { return n_past_; }
+  const std::string& strategy_name() const { return strategy_name_; }
+
+  // Evaluates tokens at positions [n_past, n_past + size) and advances n_past. Returns the
+  // logits of the last token (n_vocab floats) or, with all_logits, of every token.
+  std::span<const float> eval(std::span<const int32_t> tokens, bool all_logits = false);
+  // Forgets the context (positions restart at 0; the cache is overwritten as it refills).
+  void reset() { n_past_ = 0; }
+
+  HybridScheduler& scheduler() { return *scheduler_; }
+  HybridExecutor& executor() { return *executor_; }
+  // The placement of the most recent step (nullptr before the first).
+  const Placement* last_placement() const { return last_placement_.get(); }
+  const Graph* last_graph() const { return last_graph_; }
+  // "cuda:0 301 ops, cpu 12 ops; resident: cuda:0 4.21 GiB"
+  std::string placement_summary() const;
+
+ private:
+  const LlamaGraph& graph_for(int64_t n_tokens, bool all_logits);
+
+  gguf::File file_;
+  LlamaConfig config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<HybridScheduler> scheduler_;
+  std::unique_ptr<HybridExecutor> executor_;
+  std::map<std::pair<int64_t, bool>, LlamaGraph> graphs_;
+  std::shared_ptr<const Placement> last_placement_;
+  const Graph* last_graph_ = nullptr;
+  std::vector<int32_t> positions_;
+  std::vector<float> logits_;
+  int64_t n_ctx_ = 0;
+  int64_t n_past_ = 0;
+  DType kv_dtype_ = DType::F16;
+  std::string strategy_name_;
+};
+
+}  // namespace tandem::cli

@@ -1,0 +1,52 @@
+// `tandem`: run, bench, synth, inspect, devices, tokenize, detokenize and logits.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <string>
+
+#include "commands.h"
+#include "tandem/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tandem: LLM inference across a CPU and NVIDIA GPUs", "tandem"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Every subcommand's help");
+  std::function<int()> run;
+  tandem::cli::add_commands(app, run);
+  // llama.cpp spells some flags with one dash and several letters; CLI11 wants two dashes.
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "-ngl") argv[i] = const_cast<char*>("--ngl");
+  }
+  std::string known;
+  bool is_known = false;
+  for (const auto* sub : app.get_subcommands({})) {
+    known += (known.empty() ? "" : ", ") + sub->get_name();
+    is_known = is_known || (argc > 1 && sub->get_name() == argv[1]);
+  }
+  if (argc > 1 && argv[1][0] != '-' && !is_known) {
+    std::fprintf(stderr, "tandem: error: unknown subcommand '%s' (available: %s)\n", argv[1],
+                 known.c_str());
+    return 2;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "tandem: error: %s (see 'tandem --help')\n", e.what());
+    return 2;
+  }
+  try {
+    return run ? run() : 0;
+  } catch (const tandem::Error& e) {
+    std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,368 @@
+// Synthetic models. Weights are drawn straight into their final format (quantized blocks are
+// generated as random quants and scales, never quantized from floats), chunk by chunk with a
+// per-chunk seed, so the output is identical for any thread count and an 8B Q4_0 file is
+// bounded by the disk, not the generator.
+#include "tandem/model/synthetic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+
+#include "tandem/error.h"
+#include "tandem/model/llama_config.h"
+
+namespace tandem {
+namespace {
+
+const std::string kWhere = "synthetic";
+
+struct SplitMix64 {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+};
+
+uint64_t mix(uint64_t a, uint64_t b) {
+  return SplitMix64{a ^ (b * 0xd6e8feb86659fd93ull)}.next();
+}
+
+uint64_t name_hash(std::string_view s) {  // FNV-1a
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
+// Uniform in [-1, 1) from 24 random bits.
+inline float signed_unit(uint64_t bits24) {
+  return float(bits24) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+enum class Init { Matrix, Norm };
+
+// Fills chunk `chunk` (elements or blocks [first, first + count)) of a tensor.
+struct Generator {
+  DType dtype;
+  Init init;
+  float amplitude;  // matrices: uniform in [-amplitude, amplitude]
+  uint64_t tensor_seed;
+  uint16_t scales[256];  // quantized: per-block f16 scales to draw from
+
+  void prepare() {
+    int q_max = dtype == DType::Q4_0 ? 7 : 127;
+    for (int k = 0; k < 256; ++k) {
+      // Scales vary per block (0.75..1.0 of the full range) so kernels see distinct scales.
+      scales[k] = f32_to_f16(amplitude / float(q_max) * (0.75f + 0.25f * float(k) / 255.0f));
+    }
+  }
+
+  void fill_chunk(uint8_t* dst, int64_t first, int64_t count, uint64_t chunk) const {
+    SplitMix64 rng{mix(tensor_seed, chunk)};
+    switch (dtype) {
+      case DType::F32: {
+        float* out = reinterpret_cast<float*>(dst) + first;
+        float base = init == Init::Norm ? 1.0f : 0.0f;
+        float amp = init == Init::Norm ? 0.1f : amplitude;
+        for (int64_t k = 0; k < count; ++k) out[k] = base + amp * signed_unit(rng.next() >> 40);
+        break;
+      }
+      case DType::F16: {
+        uint16_t* out = reinterpret_cast<uint16_t*>(dst) + first;
+        for (int64_t k = 0; k < count; ++k) {
+          out[k] = f32_to_f16(amplitude * signed_unit(rng.next() >> 40));
+        }
+        break;
+      }
+      case DType::Q8_0: {
+        BlockQ8_0* out = reinterpret_cast<BlockQ8_0*>(dst) + first;
+        for (int64_t b = 0; b < count; ++b) {
+          out[b].d = scales[rng.next() >> 56];
+          for (int w = 0; w < 4; ++w) {
+            uint64_t r = rng.next();
+            for (int j = 0; j < 8; ++j) {  // -127..127, symmetric
+              out[b].qs[w * 8 + j] = int8_t(int(((r >> (8 * j)) & 0xff) * 255 >> 8) - 127);
+            }
+          }
+        }
+        break;
+      }
+      case DType::Q4_0: {
+        BlockQ4_0* out = reinterpret_cast<BlockQ4_0*>(dst) + first;
+        for (int64_t b = 0; b < count; ++b) {
+          out[b].d = scales[rng.next() >> 56];
+          uint8_t q[32];
+          for (int w = 0; w < 4; ++w) {
+            uint64_t r = rng.next();
+            for (int j = 0; j < 8; ++j) {  // 1..15, i.e. -7..7 after the -8 offset
+              q[w * 8 + j] = uint8_t(1 + ((((r >> (8 * j)) & 0xff) * 15) >> 8));
+            }
+          }
+          for (int j = 0; j < 16; ++j) out[b].qs[j] = uint8_t(q[j] | (q[j + 16] << 4));
+        }
+        break;
+      }
+      default:
+        throw_error(ErrorCode::InvalidArgument, kWhere,
+                    "cannot generate dtype " + std::string(dtype_name(dtype)));
+    }
+  }
+};
+
+constexpr int64_t kChunkUnits = 1 << 14;  // elements (plain) or blocks (quantized) per chunk
+
+void generate(const Generator& gen, uint8_t* dst, int64_t units, int threads) {
+  int64_t n_chunks = (units + kChunkUnits - 1) / kChunkUnits;
+  auto run = [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t first = c * kChunkUnits;
+      gen.fill_chunk(dst, first, std::min(kChunkUnits, units - first), uint64_t(c));
+    }
+  };
+  int t_count = int(std::min<int64_t>(threads, n_chunks));
+  if (t_count <= 1) {
+    run(0, n_chunks);
+    return;
+  }
+  std::vector<std::thread> pool;
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  for (int t = 0; t < t_count; ++t) {
+    pool.emplace_back([&, t] {
+      try {
+        run(n_chunks * t / t_count, n_chunks * (t + 1) / t_count);
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
+}
+
+void check_spec(const SyntheticSpec& s) {
+  auto in_range = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
+  synthetic_file_type(s.dtype);
+  TANDEM_CHECK_ARG(in_range(s.n_vocab, 260, 1 << 22), kWhere, "n_vocab must be in [260, 4M]");
+  TANDEM_CHECK_ARG(in_range(s.n_embd, 1, 1 << 16) && in_range(s.n_ff, 1, 1 << 18) &&
+                       in_range(s.n_layer, 1, 1024) && in_range(s.n_head, 1, 1024) &&
+                       in_range(s.n_head_kv, 1, 1024) && in_range(s.context_length, 1, 1 << 24),
+                   kWhere, "a dimension is out of range");
+  TANDEM_CHECK_ARG(s.n_embd % s.n_head == 0 && s.n_head % s.n_head_kv == 0, kWhere,
+                   "n_head must divide n_embd and n_head_kv must divide n_head");
+  TANDEM_CHECK_ARG((s.n_embd / s.n_head) % 2 == 0, kWhere, "head_dim must be even (RoPE pairs)");
+  if (dtype_traits(s.dtype).is_quantized) {
+    TANDEM_CHECK_ARG(s.n_embd % kQuantBlock == 0 && s.n_ff % kQuantBlock == 0, kWhere,
+                     "n_embd and n_ff must be multiples of 32 for quantized weights (n_embd " +
+                         std::to_string(s.n_embd) + ", n_ff " + std::to_string(s.n_ff) + ")");
+  }
+  TANDEM_CHECK_ARG(s.rms_eps > 0 && s.rope_freq_base > 0, kWhere,
+                   "rms_eps and rope_freq_base must be positive");
+}
+
+}  // namespace
+
+std::vector<std::string_view> synthetic_preset_names() {
+  return {"tiny", "small", "llama-3.2-1b", "llama-3.1-8b"};
+}
+
+SyntheticSpec synthetic_preset(std::string_view preset, DType dtype, uint64_t seed) {
+  SyntheticSpec s;
+  if (preset == "tiny") {
+    // the defaults
+  } else if (preset == "small") {
+    // ~160M parameters: big enough that placement and bandwidth matter, small enough for a
+    // 2-core machine's main job.
+    s.name = "tandem-synthetic-small";
+    s.n_vocab = 32000;
+    s.n_embd = 1024;
+    s.n_layer = 8;
+    s.n_ff = 2816;
+    s.n_head = 16;
+    s.n_head_kv = 4;
+    s.context_length = 4096;
+  } else if (preset == "llama-3.2-1b") {
+    s.name = "tandem-synthetic-llama-3.2-1b";
+    s.n_vocab = 128256;
+    s.n_embd = 2048;
+    s.n_layer = 16;
+    s.n_ff = 8192;
+    s.n_head = 32;
+    s.n_head_kv = 8;
+    s.context_length = 131072;
+    s.rope_freq_base = 500000.0f;
+    s.tied_embeddings = true;
+  } else if (preset == "llama-3.1-8b") {
+    s.name = "tandem-synthetic-llama-3.1-8b";
+    s.n_vocab = 128256;
+    s.n_embd = 4096;
+    s.n_layer = 32;
+    s.n_ff = 14336;
+    s.n_head = 32;
+    s.n_head_kv = 8;
+    s.context_length = 131072;
+    s.rope_freq_base = 500000.0f;
+  } else {
+    std::string names;
+    for (auto n : synthetic_preset_names()) names += (names.empty() ? "" : ", ") + std::string(n);
+    throw_error(ErrorCode::InvalidArgument, kWhere,
+                "unknown preset '" + std::string(preset) + "' (known: " + names + ")");
+  }
+  s.dtype = dtype;
+  s.seed = seed;
+  synthetic_file_type(dtype);
+  return s;
+}
+
+uint32_t synthetic_file_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+      return 0;
+    case DType::F16:
+      return 1;
+    case DType::Q4_0:
+      return 2;
+    case DType::Q8_0:
+      return 7;
+    default:
+      throw_error(ErrorCode::InvalidArgument, kWhere,
+                  "dtype " + std::string(dtype_name(dtype)) +
+                      " is not a synthetic model dtype (f32, f16, q8_0, q4_0)");
+  }
+}
+
+std::vector<std::string> synthetic_vocab(int64_t n_vocab) {
+  TANDEM_CHECK_ARG(n_vocab >= 260 && n_vocab <= (1 << 22), kWhere, "n_vocab must be in [260, 4M]");
+  std::vector<std::string> vocab = {"<unk>", "<s>", "</s>"};
+  vocab.reserve(size_t(n_vocab));
+  for (int b = 0; b < 256; ++b) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+    vocab.emplace_back(buf);
+  }
+  std::unordered_set<std::string> seen(vocab.begin(), vocab.end());
+  auto add = [&](std::string piece) {
+    if (int64_t(vocab.size()) < n_vocab && seen.insert(piece).second)
+      vocab.push_back(std::move(piece));
+  };
+  const std::string space = "\xE2\x96\x81";  // U+2581, SentencePiece's word boundary
+  add(space);
+  for (char ch = 0x21; ch <= 0x7e; ++ch) add(std::string(1, ch));
+  const std::string alnum = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  for (char ch : alnum) add(space + ch);
+  // Syllables are (optional consonant) + vowel, so every word splits into them one way only.
+  const std::string consonants = "bcdfghjklmnprstvwxz";
+  const std::string vowels = "aeiou";
+  std::vector<std::string> syllables;
+  for (int c = -1; c < int(consonants.size()); ++c) {
+    for (char v : vowels) syllables.push_back((c < 0 ? "" : std::string(1, consonants[c])) + v);
+  }
+  std::vector<std::string> words = syllables;
+  while (int64_t(vocab.size()) < n_vocab) {
+    for (const auto& w : words) {
+      add(space + w);
+      add(w);
+    }
+    if (int64_t(vocab.size()) >= n_vocab) break;
+    std::vector<std::string> longer;
+    longer.reserve(words.size() * syllables.size());
+    for (const auto& w : words) {
+      for (const auto& s : syllables) {
+        longer.push_back(w + s);
+        if (longer.size() >= size_t(n_vocab)) break;  // never more than the vocab needs
+      }
+      if (longer.size() >= size_t(n_vocab)) break;
+    }
+    words = std::move(longer);
+  }
+  return vocab;
+}
+
+gguf::Writer make_synthetic_writer(const SyntheticSpec& spec) {
+  check_spec(spec);
+  const int64_t head_dim = spec.n_embd / spec.n_head;
+  gguf::Writer w(spec.alignment);
+  w.set_string("general.architecture", "llama");
+  w.set_string("general.name", spec.name);
+  w.set_u32("general.file_type", synthetic_file_type(spec.dtype));
+  if (dtype_traits(spec.dtype).is_quantized) w.set_u32("general.quantization_version", 2);
+  w.set_u32("llama.context_length", uint32_t(spec.context_length));
+  w.set_u32("llama.embedding_length", uint32_t(spec.n_embd));
+  w.set_u32("llama.block_count", uint32_t(spec.n_layer));
+  w.set_u32("llama.feed_forward_length", uint32_t(spec.n_ff));
+  w.set_u32("llama.attention.head_count", uint32_t(spec.n_head));
+  w.set_u32("llama.attention.head_count_kv", uint32_t(spec.n_head_kv));
+  w.set_f32("llama.attention.layer_norm_rms_epsilon", spec.rms_eps);
+  w.set_f32("llama.rope.freq_base", spec.rope_freq_base);
+  w.set_u32("llama.rope.dimension_count", uint32_t(head_dim));
+  w.set_u32("llama.vocab_size", uint32_t(spec.n_vocab));
+
+  std::vector<std::string> tokens = synthetic_vocab(spec.n_vocab);
+  std::vector<float> scores(tokens.size(), 0.0f);
+  std::vector<int32_t> types(tokens.size(), 1);  // 1 normal, 2 unknown, 3 control, 6 byte
+  types[0] = 2;
+  types[1] = types[2] = 3;
+  for (int b = 0; b < 256; ++b) types[3 + b] = 6;
+  // Earlier (shorter) pieces score higher, as SentencePiece's log-probabilities would.
+  for (size_t k = 259; k < tokens.size(); ++k) scores[k] = -float(k - 259);
+  w.set_string("tokenizer.ggml.model", "llama");
+  w.set_string("tokenizer.ggml.pre", "default");  // as llama.cpp's converter writes for SPM
+  w.set_string_array("tokenizer.ggml.tokens", std::move(tokens));
+  w.set_f32_array("tokenizer.ggml.scores", std::move(scores));
+  w.set_i32_array("tokenizer.ggml.token_type", std::move(types));
+  w.set_u32("tokenizer.ggml.bos_token_id", 1);
+  w.set_u32("tokenizer.ggml.eos_token_id", 2);
+  w.set_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.set_bool("tokenizer.ggml.add_bos_token", true);
+  w.set_bool("tokenizer.ggml.add_eos_token", false);
+
+  const int threads =
+      spec.threads > 0 ? spec.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  auto add = [&](const std::string& name, Init init, int64_t n_in, int64_t n_out) {
+    DType dtype = init == Init::Norm ? DType::F32 : spec.dtype;
+    Generator gen{};
+    gen.dtype = dtype;
+    gen.init = init;
+    gen.amplitude = 1.0f / std::sqrt(float(n_in));
+    gen.tensor_seed = mix(spec.seed, name_hash(name));
+    if (dtype_traits(dtype).is_quantized) gen.prepare();
+    int64_t units = n_in * n_out / dtype_traits(dtype).block_elements;
+    std::vector<int64_t> ne = {n_in};
+    if (init == Init::Matrix) ne.push_back(n_out);
+    w.add_tensor_lazy(name, dtype, ne, [gen, units, threads](uint8_t* dst, size_t) {
+      generate(gen, dst, units, threads);
+    });
+  };
+  const int64_t q_dim = spec.n_head * head_dim;
+  const int64_t kv_dim = spec.n_head_kv * head_dim;
+  add("token_embd.weight", Init::Matrix, spec.n_embd, spec.n_vocab);
+  for (int64_t l = 0; l < spec.n_layer; ++l) {
+    add(llama_layer_tensor(l, "attn_norm.weight"), Init::Norm, spec.n_embd, 1);
+    add(llama_layer_tensor(l, "attn_q.weight"), Init::Matrix, spec.n_embd, q_dim);
+    add(llama_layer_tensor(l, "attn_k.weight"), Init::Matrix, spec.n_embd, kv_dim);
+    add(llama_layer_tensor(l, "attn_v.weight"), Init::Matrix, spec.n_embd, kv_dim);
+    add(llama_layer_tensor(l, "attn_output.weight"), Init::Matrix, q_dim, spec.n_embd);
+    add(llama_layer_tensor(l, "ffn_norm.weight"), Init::Norm, spec.n_embd, 1);
+    add(llama_layer_tensor(l, "ffn_gate.weight"), Init::Matrix, spec.n_embd, spec.n_ff);
+    add(llama_layer_tensor(l, "ffn_up.weight"), Init::Matrix, spec.n_embd, spec.n_ff);
+    add(llama_layer_tensor(l, "ffn_down.weight"), Init::Matrix, spec.n_ff, spec.n_embd);
+  }
+  add("output_norm.weight", Init::Norm, spec.n_embd, 1);
+  if (!spec.tied_embeddings) add("output.weight", Init::Matrix, spec.n_embd, spec.n_vocab);
+  return w;
+}
+
+void write_synthetic_model(const SyntheticSpec& spec, const std::string& path,
+                           const gguf::Writer::Progress& progress) {
+  make_synthetic_writer(spec).write(path, progress);
+}
+
+}  // namespace tandem

@@ -1,0 +1,420 @@
+// Compiling a Placement into an ExecPlan: where each tensor lives, which copies a run makes,
+// the segments handed to backends, and arena offsets from liveness (intermediates share memory
+// once their last reader has run).
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstring>
+#include <string>
+
+#include "executor_impl.h"
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace {
+
+constexpr size_t kSlotAlignment = 256;
+
+size_t align_up(size_t n) {
+  return (n + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
+}
+
+// Unique across executors sharing a backend: a segment signature must never name two pointer
+// sets, or a backend replaying captured work would use stale pointers.
+std::atomic<uint64_t> g_plan_serial{1};
+
+uint64_t mix64(uint64_t h, uint64_t v) {
+  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  return h;
+}
+
+// First-fit offsets per group, largest slots first, against slots whose lifetimes overlap.
+std::vector<size_t> assign_offsets(std::vector<Slot>& slots, int n_groups) {
+  std::vector<size_t> arena(size_t(n_groups), 0);
+  std::vector<size_t> order(slots.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return slots[a].bytes > slots[b].bytes; });
+  std::vector<size_t> placed;
+  std::vector<std::pair<size_t, size_t>> busy;
+  for (size_t idx : order) {
+    Slot& s = slots[idx];
+    busy.clear();
+    for (size_t p : placed) {
+      const Slot& o = slots[p];
+      if (o.group == s.group && o.start <= s.end && s.start <= o.end) {
+        busy.emplace_back(o.offset, o.offset + align_up(o.bytes));
+      }
+    }
+    std::sort(busy.begin(), busy.end());
+    size_t offset = 0;
+    for (const auto& [lo, hi] : busy) {
+      if (offset + align_up(s.bytes) <= lo) break;
+      offset = std::max(offset, hi);
+    }
+    s.offset = offset;
+    arena[size_t(s.group)] = std::max(arena[size_t(s.group)], offset + align_up(s.bytes));
+    placed.push_back(idx);
+  }
+  return arena;
+}
+
+}  // namespace
+
+void* HybridExecutor::Impl::weight_on(const std::string& name, const TensorDesc& desc,
+                                      int backend) {
+  auto it = weights.find(name);
+  if (it == weights.end() || !it->second.host) {
+    throw_error(ErrorCode::InvalidArgument, "executor",
+                "weight '" + name + "' " + desc_string(desc) +
+                    " has no data (bind it with Bindings::weight or bind_weight)");
+  }
+  WeightEntry& w = it->second;
+  if (w.bytes != desc.bytes()) {
+    throw_error(ErrorCode::InvalidArgument, "executor",
+                "weight '" + name + "' is bound with " + std::to_string(w.bytes) +
+                    " bytes but the graph's " + desc_string(desc) + " needs " +
+                    std::to_string(desc.bytes()));
+  }
+  return upload(w, backend);
+}
+
+void* HybridExecutor::Impl::upload(WeightEntry& w, int backend) {
+  const std::string& name = w.name;
+  if (group[size_t(backend)] == 0) return const_cast<void*>(w.host);
+  Buffer& buf = w.device[size_t(backend)];
+  if (!buf) {
+    Backend& b = *backends[size_t(backend)];
+    Buffer fresh = b.allocate(w.bytes);
+    b.copy_from_host(fresh.data(), w.host, w.bytes);
+    buf = std::move(fresh);
+    residency.add(b.backend_id(), name, w.bytes);
+    stats.weight_uploads++;
+  }
+  return buf.data();
+}
+
+CacheEntry& HybridExecutor::Impl::cache_at(const std::string& name, const TensorDesc& desc,
+                                           int backend) {
+  Backend& b = *backends[size_t(backend)];
+  auto it = caches.find(name);
+  if (it == caches.end()) {
+    CacheEntry e;
+    e.name = name;
+    e.bytes = desc.bytes();
+    e.home = backend;
+    e.buffer = b.allocate(e.bytes);
+    zero_fill(b, e.buffer.data(), e.bytes);
+    residency.add(b.backend_id(), name, e.bytes);
+    return caches.emplace(name, std::move(e)).first->second;
+  }
+  CacheEntry& e = it->second;
+  if (e.bytes != desc.bytes()) {
+    throw_error(ErrorCode::InvalidArgument, "executor",
+                "kv cache '" + name + "' holds " + std::to_string(e.bytes) +
+                    " bytes but the graph's " + desc_string(desc) + " needs " +
+                    std::to_string(desc.bytes()));
+  }
+  if (group[size_t(e.home)] == group[size_t(backend)]) return e;
+  // The placement wants the cache elsewhere: move its contents through host memory.
+  Backend& old = *backends[size_t(e.home)];
+  std::vector<uint8_t> host(e.bytes);
+  old.synchronize();
+  old.copy_to_host(host.data(), e.buffer.data(), e.bytes);
+  Buffer fresh = b.allocate(e.bytes);
+  b.copy_from_host(fresh.data(), host.data(), e.bytes);
+  b.synchronize();
+  residency.remove(old.backend_id(), name);
+  residency.add(b.backend_id(), name, e.bytes);
+  e.buffer = std::move(fresh);
+  e.home = backend;
+  generation++;
+  stats.kv_migrations++;
+  return e;
+}
+
+ExecPlan& HybridExecutor::Impl::plan_for(const Graph& graph, const Placement& placement) {
+  auto it = plans.find(placement.key);
+  if (it != plans.end() && it->second->generation == generation) {
+    it->second->last_used = ++use_counter;
+    return *it->second;
+  }
+  if (it != plans.end()) plans.erase(it);
+  std::unique_ptr<ExecPlan> plan = build_plan(graph, placement);
+  plan->last_used = ++use_counter;
+  while (!plans.empty() && plans.size() >= std::max<size_t>(options.max_cached_plans, 1)) {
+    auto victim = plans.begin();
+    for (auto p = plans.begin(); p != plans.end(); ++p) {
+      if (p->second->last_used < victim->second->last_used) victim = p;
+    }
+    plans.erase(victim);
+  }
+  stats.plans_built++;
+  return *plans.emplace(placement.key, std::move(plan)).first->second;
+}
+
+std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
+                                                           const Placement& placement) {
+  const char* where = "executor";
+  if (placement.nodes.size() != graph.size() || placement.signature != graph.signature()) {
+    throw_error(ErrorCode::InvalidArgument, where,
+                "the placement was made for another graph (" +
+                    std::to_string(placement.nodes.size()) + " nodes vs " +
+                    std::to_string(graph.size()) + ")");
+  }
+  bool same_backends = placement.backends.size() == backends.size();
+  for (size_t b = 0; same_backends && b < backends.size(); ++b) {
+    same_backends = placement.backends[b].get() == backends[b].get();
+  }
+  if (!same_backends) {
+    throw_error(ErrorCode::InvalidArgument, where,
+                "the placement comes from a scheduler with other backends than this executor's");
+  }
+  auto plan = std::make_unique<ExecPlan>();
+  plan->key = placement.key;
+  plan->backend_used.assign(backends.size(), false);
+  const size_t n = graph.size();
+  const size_t G = size_t(n_groups);
+
+  std::vector<int> last(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    for (TensorId in : graph.nodes()[i].inputs) {
+      TensorId s = graph.storage_of(in);
+      last[size_t(s)] = std::max(last[size_t(s)], int(i));
+    }
+  }
+  for (TensorId o : graph.outputs()) last[size_t(graph.storage_of(o))] = INT_MAX;
+
+  // KV caches live where their (first) KvWrite runs, else where they are first read.
+  std::vector<int> home(n, -1);
+  for (const Node& node : graph.nodes()) {
+    if (!is_compute(node.op)) continue;
+    int b = placement.backend_index(node.id);
+    if (b < 0 || size_t(b) >= backends.size()) {
+      throw_error(ErrorCode::InvalidArgument, where,
+                  "node " + std::to_string(node.id) + " has no backend in the placement");
+    }
+    if (node.op != OpKind::KvWrite) continue;
+    TensorId s = graph.storage_of(node.inputs[0]);
+    if (graph.node(s).op != OpKind::KvCache) continue;
+    if (home[size_t(s)] < 0) {
+      home[size_t(s)] = b;
+    } else if (group[size_t(home[size_t(s)])] != group[size_t(b)]) {
+      throw_error(ErrorCode::Unsupported, where,
+                  "kv cache '" + graph.tensor(s).name + "' is written on both " +
+                      backends[size_t(home[size_t(s)])]->backend_id() + " and " +
+                      backends[size_t(b)]->backend_id() + " in one graph");
+    }
+  }
+  for (const Node& node : graph.nodes()) {
+    if (!is_compute(node.op)) continue;
+    for (TensorId in : node.inputs) {
+      TensorId s = graph.storage_of(in);
+      if (graph.node(s).op == OpKind::KvCache && home[size_t(s)] < 0) {
+        home[size_t(s)] = placement.backend_index(node.id);
+      }
+    }
+  }
+
+  std::vector<uint64_t> valid(n, 0);
+  std::vector<PtrRef> ptr(n * G);
+  // Persistent state first: a migration changes pointers, so none may be taken before it.
+  for (const Node& node : graph.nodes()) {
+    if (node.op != OpKind::KvCache || home[size_t(node.id)] < 0) continue;
+    const TensorDesc& d = graph.tensor(node.id);
+    CacheEntry& e = cache_at(d.name, d, home[size_t(node.id)]);
+    int g = group[size_t(e.home)];
+    valid[size_t(node.id)] = 1ull << g;
+    ptr[size_t(node.id) * G + size_t(g)].fixed = e.buffer.data();
+  }
+  std::vector<size_t> input_index(n, SIZE_MAX);
+  for (const Node& node : graph.nodes()) {
+    if (node.op != OpKind::Input) continue;
+    input_index[size_t(node.id)] = plan->inputs.size();
+    plan->inputs.push_back({node.id, graph.tensor(node.id).name, graph.tensor(node.id).bytes()});
+  }
+
+  const uint64_t serial = g_plan_serial.fetch_add(1);
+  size_t staging = 0;
+  std::vector<size_t> pending;  // transfers of the open segment
+  int seg_backend = -1, seg_start = 0;
+  size_t seg_first = 0;
+  auto close_segment = [&] {
+    if (seg_backend < 0) return;
+    for (size_t t : pending) plan->steps.push_back({true, t, 0, plan->transfers[t].dst_backend, 0});
+    pending.clear();
+    Step s{false, seg_first, plan->execs.size() - seg_first, seg_backend, 0};
+    s.signature = mix64(mix64(plan->key, serial), plan->steps.size());
+    plan->steps.push_back(s);
+  };
+  auto new_slot = [&](int g, size_t bytes, int start, int end) {
+    plan->slots.push_back({g, bytes, start, std::max(start, end), 0});
+    return int(plan->slots.size() - 1);
+  };
+  // Makes storage s valid in backend b's memory, adding a copy when it is elsewhere.
+  auto ensure_on = [&](TensorId s, int b) -> PtrRef {
+    const int g = group[size_t(b)];
+    PtrRef& here = ptr[size_t(s) * G + size_t(g)];
+    if (valid[size_t(s)] & (1ull << g)) return here;
+    const TensorDesc& d = graph.tensor(s);
+    const OpKind op = graph.node(s).op;
+    if (op == OpKind::Weight) {
+      here = PtrRef{-1, weight_on(d.name, d, b), 0};
+      valid[size_t(s)] |= 1ull << g;
+      return here;
+    }
+    PlannedTransfer t;
+    t.storage = s;
+    t.bytes = d.bytes();
+    t.dst_group = g;
+    t.dst_backend = b;
+    if (op == OpKind::Input) {
+      t.src_group = kUserInput;
+      t.input_index = input_index[size_t(s)];
+      plan->inputs[t.input_index].used = true;
+    } else {
+      if (valid[size_t(s)] == 0) {
+        throw_error(ErrorCode::Internal, where,
+                    "tensor '" + d.name + "' is read before it is produced");
+      }
+      int sg = (valid[size_t(s)] & 1) ? 0 : __builtin_ctzll(valid[size_t(s)]);
+      t.src_group = sg;
+      t.src_backend = sg == 0 ? -1 : group_backend[size_t(sg)];
+      t.src = ptr[size_t(s) * G + size_t(sg)];
+      if (sg != 0 && g != 0) {
+        t.staging_offset = staging;
+        staging += align_up(t.bytes);
+      }
+    }
+    // The copy runs before the segment, so the slot is live from the segment's start.
+    here = PtrRef{new_slot(g, t.bytes, seg_start, last[size_t(s)]), nullptr, 0};
+    t.dst = here;
+    const int link_backend = g != 0 ? b : t.src_backend;
+    if (link_backend >= 0) {
+      int hops = (t.src_group > 0 && g != 0) ? 2 : 1;
+      t.estimated_us = CostModel::transfer_us(t.bytes, profiles[size_t(link_backend)].link, hops);
+    }
+    valid[size_t(s)] |= 1ull << g;
+    plan->transfers.push_back(t);
+    pending.push_back(plan->transfers.size() - 1);
+    return here;
+  };
+
+  for (const Node& node : graph.nodes()) {
+    if (!is_compute(node.op)) continue;
+    const int b = placement.backend_index(node.id);
+    const int g = group[size_t(b)];
+    const int i = int(node.id);
+    if (b != seg_backend) {
+      close_segment();
+      seg_backend = b;
+      seg_first = plan->execs.size();
+      seg_start = i;
+    }
+    NodeExecution ex;
+    ex.node = &node;
+    std::vector<PtrRef> ins;
+    for (TensorId in : node.inputs) {
+      PtrRef r = ensure_on(graph.storage_of(in), b);
+      r.offset += size_t(graph.tensor(in).view_offset);
+      ins.push_back(r);
+      ex.inputs.push_back({&graph.tensor(in), nullptr});
+    }
+    PtrRef out;
+    if (node.op == OpKind::KvWrite) {
+      TensorId s = graph.storage_of(node.inputs[0]);
+      out = ptr[size_t(s) * G + size_t(g)];
+      out.offset += size_t(graph.tensor(node.id).view_offset);
+      valid[size_t(s)] = 1ull << g;  // other copies are stale now
+    } else {
+      out = PtrRef{new_slot(g, graph.tensor(node.id).bytes(), i, last[size_t(i)]), nullptr, 0};
+      ptr[size_t(i) * G + size_t(g)] = out;
+      valid[size_t(i)] = 1ull << g;
+    }
+    ex.output = {&graph.tensor(node.id), nullptr};
+    plan->execs.push_back(std::move(ex));
+    plan->exec_id.push_back(node.id);
+    plan->exec_op.push_back(node.op);
+    plan->exec_backend.push_back(b);
+    plan->exec_in.push_back(std::move(ins));
+    plan->exec_out.push_back(out);
+    plan->backend_used[size_t(b)] = true;
+  }
+  close_segment();
+
+  for (TensorId o : graph.outputs()) {
+    const TensorDesc& d = graph.tensor(o);
+    if (!d.is_contiguous()) {
+      throw_error(ErrorCode::Unsupported, where,
+                  "output '" + d.name + "' " + desc_string(d) + " is not contiguous");
+    }
+    TensorId s = graph.storage_of(o);
+    ExecPlan::Output out;
+    out.id = o;
+    out.name = d.name;
+    out.bytes = d.bytes();
+    if (valid[size_t(s)] == 0) {
+      if (graph.node(s).op != OpKind::Weight) {
+        throw_error(ErrorCode::Unsupported, where,
+                    "output '" + d.name + "' is not computed by the graph");
+      }
+      auto w = weights.find(graph.tensor(s).name);
+      if (w == weights.end() || !w->second.host || w->second.bytes != graph.tensor(s).bytes()) {
+        throw_error(ErrorCode::InvalidArgument, where,
+                    "output '" + d.name + "' is an unbound weight");
+      }
+      out.src = PtrRef{-1, const_cast<void*>(w->second.host), 0};
+    } else {
+      int sg = (valid[size_t(s)] & 1) ? 0 : __builtin_ctzll(valid[size_t(s)]);
+      out.backend = sg == 0 ? -1 : group_backend[size_t(sg)];
+      out.src = ptr[size_t(s) * G + size_t(sg)];
+      if (sg != 0) {
+        out.staging_offset = staging;
+        staging += align_up(out.bytes);
+      }
+    }
+    out.src.offset += size_t(d.view_offset);
+    plan->outputs.push_back(out);
+  }
+
+  std::vector<size_t> arena_bytes = assign_offsets(plan->slots, n_groups);
+  stats.last_plan_tensor_bytes = 0;
+  stats.last_plan_arena_bytes = 0;
+  for (const Slot& s : plan->slots) stats.last_plan_tensor_bytes += s.bytes;
+  for (size_t bytes : arena_bytes) stats.last_plan_arena_bytes += bytes;
+  plan->arenas.resize(G);
+  for (size_t g = 0; g < G; ++g) {
+    if (arena_bytes[g] == 0) continue;
+    if (group_backend[g] < 0) {
+      throw_error(ErrorCode::Internal, where,
+                  "no backend allocates memory group " + std::to_string(g));
+    }
+    plan->arenas[g] = backends[size_t(group_backend[g])]->allocate(arena_bytes[g]);
+  }
+  auto resolve = [&](const PtrRef& r) -> void* {
+    if (r.slot >= 0) {
+      const Slot& s = plan->slots[size_t(r.slot)];
+      return static_cast<uint8_t*>(plan->arenas[size_t(s.group)].data()) + s.offset + r.offset;
+    }
+    return r.fixed ? static_cast<uint8_t*>(r.fixed) + r.offset : nullptr;
+  };
+  for (size_t e = 0; e < plan->execs.size(); ++e) {
+    for (size_t k = 0; k < plan->exec_in[e].size(); ++k) {
+      plan->execs[e].inputs[k].data = resolve(plan->exec_in[e][k]);
+    }
+    plan->execs[e].output.data = resolve(plan->exec_out[e]);
+  }
+  for (PlannedTransfer& t : plan->transfers) {
+    t.src_ptr = t.src_group == kUserInput ? nullptr : resolve(t.src);
+    t.dst_ptr = resolve(t.dst);
+  }
+  for (ExecPlan::Output& o : plan->outputs) o.src_ptr = resolve(o.src);
+  plan->staging.assign(staging, 0);
+  plan->input_data.assign(plan->inputs.size(), nullptr);
+  plan->output_dest.assign(plan->outputs.size(), nullptr);
+  plan->generation = generation;
+  return plan;
+}
+
+}  // namespace tandem

@@ -1,0 +1,436 @@
+#include "tandem/executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "executor_impl.h"
+#include "tandem/error.h"
+
+namespace tandem {
+
+// ---- Bindings ----
+
+Bindings& Bindings::input(std::string name, const void* data, size_t bytes) {
+  inputs_.push_back({std::move(name), kNoTensor, data, nullptr, bytes});
+  return *this;
+}
+Bindings& Bindings::input(TensorId id, const void* data, size_t bytes) {
+  inputs_.push_back({{}, id, data, nullptr, bytes});
+  return *this;
+}
+Bindings& Bindings::weight(std::string name, const void* data, size_t bytes) {
+  weights_.push_back({std::move(name), kNoTensor, data, nullptr, bytes});
+  return *this;
+}
+Bindings& Bindings::output(std::string name, void* data, size_t bytes) {
+  outputs_.push_back({std::move(name), kNoTensor, nullptr, data, bytes});
+  return *this;
+}
+Bindings& Bindings::output(TensorId id, void* data, size_t bytes) {
+  outputs_.push_back({{}, id, nullptr, data, bytes});
+  return *this;
+}
+
+// ---- Impl ----
+
+HybridExecutor::Impl::Impl(std::vector<std::shared_ptr<Backend>> b, const CostModel& model,
+                           ExecutorOptions o)
+    : backends(std::move(b)), options(o), telemetry(o.max_events) {
+  TANDEM_CHECK_ARG(!backends.empty(), "executor", "needs at least one backend");
+  TANDEM_CHECK_ARG(backends.size() <= 63, "executor", "at most 63 backends");
+  group_backend.push_back(-1);
+  for (size_t i = 0; i < backends.size(); ++i) {
+    TANDEM_CHECK_ARG(backends[i] != nullptr, "executor", "got a null backend");
+    for (size_t j = 0; j < i; ++j) {
+      TANDEM_CHECK_ARG(backends[j]->backend_id() != backends[i]->backend_id(), "executor",
+                       "backend '" + backends[i]->backend_id() + "' given twice");
+    }
+    if (backends[i]->host_accessible()) {
+      group.push_back(0);
+      if (group_backend[0] < 0) group_backend[0] = int(i);
+    } else {
+      group.push_back(n_groups++);
+      group_backend.push_back(int(i));
+    }
+    profiles.push_back(model.profile(*backends[i]));
+  }
+}
+
+void HybridExecutor::Impl::bind(const std::string& name, const void* data, size_t bytes) {
+  TANDEM_CHECK_ARG(data != nullptr && bytes > 0, "executor bind_weight",
+                   "weight '" + name + "' needs data and a size");
+  auto it = weights.find(name);
+  if (it == weights.end()) {
+    WeightEntry e;
+    e.name = name;
+    e.host = data;
+    e.bytes = bytes;
+    e.device.resize(backends.size());
+    weights.emplace(name, std::move(e));
+    return;
+  }
+  WeightEntry& w = it->second;
+  if (w.host == data && w.bytes == bytes) return;
+  for (size_t b = 0; b < backends.size(); ++b) {
+    if (w.device[b]) residency.remove(backends[b]->backend_id(), name);
+    w.device[b].reset();
+  }
+  w.host = data;
+  w.bytes = bytes;
+  generation++;  // plans holding the old pointers are rebuilt
+}
+
+void HybridExecutor::Impl::zero_fill(Backend& b, void* ptr, size_t bytes) {
+  const std::vector<uint8_t> zeros(std::min<size_t>(bytes, size_t(1) << 20), 0);
+  for (size_t done = 0; done < bytes; done += zeros.size()) {
+    b.copy_from_host(static_cast<uint8_t*>(ptr) + done, zeros.data(),
+                     std::min(zeros.size(), bytes - done));
+  }
+  b.synchronize();  // the zeros die here
+}
+
+// ---- HybridExecutor ----
+
+HybridExecutor::HybridExecutor(const HybridScheduler& scheduler, ExecutorOptions options)
+    : impl_(std::make_unique<Impl>(scheduler.backends(), scheduler.cost_model(), options)) {}
+
+HybridExecutor::HybridExecutor(std::vector<std::shared_ptr<Backend>> backends,
+                               ExecutorOptions options)
+    : impl_(std::make_unique<Impl>(std::move(backends), CostModel(), options)) {}
+
+HybridExecutor::~HybridExecutor() {
+  if (!impl_) return;
+  // Plans and caches free through their backends; let in-flight work finish first.
+  for (auto& b : impl_->backends) {
+    try {
+      b->synchronize();
+    } catch (...) {
+    }
+  }
+}
+
+void HybridExecutor::bind_weight(std::string name, const void* data, size_t bytes) {
+  std::lock_guard lock(impl_->run_mutex);
+  impl_->bind(name, data, bytes);
+}
+
+namespace {
+int index_of(const std::vector<std::shared_ptr<Backend>>& backends, std::string_view id) {
+  for (size_t i = 0; i < backends.size(); ++i) {
+    if (backends[i]->backend_id() == id) return int(i);
+  }
+  return -1;
+}
+
+std::string known_ids(const std::vector<std::shared_ptr<Backend>>& backends) {
+  std::string s;
+  for (const auto& b : backends) s += (s.empty() ? "" : ", ") + b->backend_id();
+  return s;
+}
+}  // namespace
+
+void HybridExecutor::preload_weight(std::string_view name, std::string_view backend_id) {
+  std::lock_guard lock(impl_->run_mutex);
+  int b = index_of(impl_->backends, backend_id);
+  TANDEM_CHECK_ARG(b >= 0, "executor preload_weight",
+                   "unknown backend '" + std::string(backend_id) +
+                       "' (known: " + known_ids(impl_->backends) + ")");
+  auto it = impl_->weights.find(std::string(name));
+  TANDEM_CHECK_ARG(it != impl_->weights.end(), "executor preload_weight",
+                   "weight '" + std::string(name) + "' is not bound");
+  impl_->upload(it->second, b);
+}
+
+void HybridExecutor::preload(const Graph& graph, const Placement& placement) {
+  std::lock_guard lock(impl_->run_mutex);
+  impl_->plan_for(graph, placement);
+}
+
+void HybridExecutor::evict_weight(std::string_view name) {
+  std::lock_guard lock(impl_->run_mutex);
+  auto it = impl_->weights.find(std::string(name));
+  if (it == impl_->weights.end()) return;
+  bool any = false;
+  for (size_t b = 0; b < impl_->backends.size(); ++b) {
+    if (!it->second.device[b]) continue;
+    impl_->residency.remove(impl_->backends[b]->backend_id(), name);
+    it->second.device[b].reset();
+    any = true;
+  }
+  if (any) impl_->generation++;
+}
+
+const Residency& HybridExecutor::residency() const {
+  return impl_->residency;
+}
+size_t HybridExecutor::resident_bytes(std::string_view backend_id) const {
+  return impl_->residency.resident_bytes(backend_id);
+}
+
+bool HybridExecutor::has_kv_cache(std::string_view name) const {
+  return impl_->caches.count(std::string(name)) > 0;
+}
+
+std::string HybridExecutor::kv_cache_backend(std::string_view name) const {
+  auto it = impl_->caches.find(std::string(name));
+  return it == impl_->caches.end() ? "" : impl_->backends[size_t(it->second.home)]->backend_id();
+}
+
+void HybridExecutor::read_kv_cache(std::string_view name, void* host, size_t bytes) const {
+  auto it = impl_->caches.find(std::string(name));
+  TANDEM_CHECK_ARG(it != impl_->caches.end(), "executor read_kv_cache",
+                   "no kv cache '" + std::string(name) + "'");
+  TANDEM_CHECK_ARG(bytes == it->second.bytes, "executor read_kv_cache",
+                   "cache '" + std::string(name) + "' holds " + std::to_string(it->second.bytes) +
+                       " bytes (asked " + std::to_string(bytes) + ")");
+  Backend& b = *impl_->backends[size_t(it->second.home)];
+  b.synchronize();
+  b.copy_to_host(host, it->second.buffer.data(), bytes);
+}
+
+void HybridExecutor::clear_kv_caches() {
+  std::lock_guard lock(impl_->run_mutex);
+  for (auto& [name, c] : impl_->caches) {
+    impl_->zero_fill(*impl_->backends[size_t(c.home)], c.buffer.data(), c.bytes);
+  }
+}
+
+Telemetry& HybridExecutor::telemetry() {
+  return impl_->telemetry;
+}
+const Telemetry& HybridExecutor::telemetry() const {
+  return impl_->telemetry;
+}
+const ExecutorStats& HybridExecutor::stats() const {
+  return impl_->stats;
+}
+const ExecutorOptions& HybridExecutor::options() const {
+  return impl_->options;
+}
+void HybridExecutor::set_timing(TimingMode timing) {
+  impl_->options.timing = timing;
+}
+const std::vector<std::shared_ptr<Backend>>& HybridExecutor::backends() const {
+  return impl_->backends;
+}
+
+namespace {
+
+ExecutionEvent op_event(const Graph& graph, TensorId id) {
+  ExecutionEvent e;
+  const TensorDesc& d = graph.tensor(id);
+  e.node = id;
+  e.op = graph.node(id).op;
+  e.n_dims = d.n_dims;
+  e.shape = d.ne;
+  e.dtype = d.dtype;
+  return e;
+}
+
+// Binds the run's inputs and outputs to the plan's; every problem is reported before any work.
+void resolve_bindings(const Graph& graph, ExecPlan& plan, const Bindings& bindings) {
+  const char* where = "executor run";
+  std::fill(plan.input_data.begin(), plan.input_data.end(), nullptr);
+  std::fill(plan.output_dest.begin(), plan.output_dest.end(), nullptr);
+  for (const Bindings::Entry& e : bindings.inputs()) {
+    size_t k = 0;
+    for (; k < plan.inputs.size(); ++k) {
+      if (e.id != kNoTensor ? plan.inputs[k].id == e.id : plan.inputs[k].name == e.name) break;
+    }
+    std::string label = e.id != kNoTensor ? "tensor " + std::to_string(e.id) : "'" + e.name + "'";
+    TANDEM_CHECK_ARG(k < plan.inputs.size(), where, "input " + label + " is not a graph input");
+    TANDEM_CHECK_ARG(e.data != nullptr, where, "input " + label + " has no data");
+    TANDEM_CHECK_ARG(e.bytes == plan.inputs[k].bytes, where,
+                     "input " + label + " is bound with " + std::to_string(e.bytes) +
+                         " bytes, the graph's " + desc_string(graph.tensor(plan.inputs[k].id)) +
+                         " needs " + std::to_string(plan.inputs[k].bytes));
+    plan.input_data[k] = e.data;
+  }
+  for (size_t k = 0; k < plan.inputs.size(); ++k) {
+    TANDEM_CHECK_ARG(plan.input_data[k] != nullptr || !plan.inputs[k].used, where,
+                     "input '" + plan.inputs[k].name + "' is not bound");
+  }
+  for (const Bindings::Entry& e : bindings.outputs()) {
+    size_t k = 0;
+    for (; k < plan.outputs.size(); ++k) {
+      if (e.id != kNoTensor ? plan.outputs[k].id == e.id : plan.outputs[k].name == e.name) break;
+    }
+    std::string label = e.id != kNoTensor ? "tensor " + std::to_string(e.id) : "'" + e.name + "'";
+    TANDEM_CHECK_ARG(k < plan.outputs.size(), where,
+                     "output " + label + " is not a graph output (Graph::mark_output)");
+    TANDEM_CHECK_ARG(e.out != nullptr, where, "output " + label + " has no destination");
+    TANDEM_CHECK_ARG(e.bytes == plan.outputs[k].bytes, where,
+                     "output " + label + " has room for " + std::to_string(e.bytes) +
+                         " bytes, the graph's " + desc_string(graph.tensor(plan.outputs[k].id)) +
+                         " needs " + std::to_string(plan.outputs[k].bytes));
+    plan.output_dest[k] = e.out;
+  }
+}
+
+}  // namespace
+
+void HybridExecutor::run(const Graph& graph, const Placement& placement, const Bindings& bindings) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.run_mutex);
+  const char* where = "executor run";
+  for (const Bindings::Entry& w : bindings.weights()) m.bind(w.name, w.data, w.bytes);
+  TANDEM_CHECK_ARG(placement.nodes.size() == graph.size(), where,
+                   "the placement has " + std::to_string(placement.nodes.size()) +
+                       " nodes, the graph " + std::to_string(graph.size()));
+  ExecPlan& plan = m.plan_for(graph, placement);
+  resolve_bindings(graph, plan, bindings);
+  // The graph object may be new (same structure): point the executions at its nodes.
+  for (size_t e = 0; e < plan.execs.size(); ++e) {
+    const Node& node = graph.nodes()[size_t(plan.exec_id[e])];
+    TANDEM_CHECK_ARG(
+        node.op == plan.exec_op[e], where,
+        "the graph does not match the placement at node " + std::to_string(plan.exec_id[e]));
+    NodeExecution& ex = plan.execs[e];
+    ex.node = &node;
+    ex.output.desc = &graph.tensor(node.id);
+    for (size_t k = 0; k < node.inputs.size(); ++k)
+      ex.inputs[k].desc = &graph.tensor(node.inputs[k]);
+  }
+
+  const TimingMode timing = m.options.timing;
+  const bool record = m.options.record_events;
+  std::vector<ExecutionEvent> events;
+  if (record) events.reserve(plan.execs.size() + plan.transfers.size() + 1);
+  const size_t nb = m.backends.size();
+  std::vector<bool> dirty(nb, false);
+  auto sync_host = [&](int except) {
+    for (size_t b = 0; b < nb; ++b) {
+      if (dirty[b] && int(b) != except && m.group[b] == 0) {
+        m.backends[b]->synchronize();
+        dirty[b] = false;
+      }
+    }
+  };
+  const double run_start = m.telemetry.now_us();
+  size_t transfer_bytes = 0, transfers = 0;
+  try {
+    for (const Step& step : plan.steps) {
+      if (step.is_transfer) {
+        const PlannedTransfer& t = plan.transfers[step.index];
+        const void* src = t.src_group == kUserInput ? plan.input_data[t.input_index] : t.src_ptr;
+        // Host memory is read or overwritten: host-side work must be done.
+        if (t.src_group <= 0 || t.dst_group == 0) sync_host(-1);
+        const double t0 = record ? m.telemetry.now_us() : 0.0;
+        if (t.dst_group == 0) {
+          if (t.src_group > 0) {
+            m.backends[size_t(t.src_backend)]->copy_to_host(t.dst_ptr, src, t.bytes);
+          } else {
+            std::memcpy(t.dst_ptr, src, t.bytes);
+          }
+        } else {
+          Backend& dst = *m.backends[size_t(t.dst_backend)];
+          if (t.src_group > 0) {
+            uint8_t* stage = plan.staging.data() + t.staging_offset;
+            m.backends[size_t(t.src_backend)]->copy_to_host(stage, src, t.bytes);
+            dst.copy_from_host(t.dst_ptr, stage, t.bytes);
+          } else {
+            dst.copy_from_host(t.dst_ptr, src, t.bytes);
+          }
+          dirty[size_t(t.dst_backend)] = true;
+          if (timing == TimingMode::PerOp) dst.synchronize();
+        }
+        // Staging a bound input into host memory is not a crossing between memories.
+        if (t.src_group == kUserInput && t.dst_group == 0) continue;
+        transfer_bytes += t.bytes;
+        ++transfers;
+        if (record) {
+          ExecutionEvent e = op_event(graph, t.storage);
+          e.kind = EventKind::Transfer;
+          e.timestamp_us = t0;
+          e.backend = m.backends[size_t(t.dst_backend)]->backend_id();
+          e.source_backend = t.src_group == kUserInput ? "host"
+                             : t.src_backend < 0       ? "host"
+                                                 : m.backends[size_t(t.src_backend)]->backend_id();
+          e.estimated_us = t.estimated_us;
+          e.transfer_bytes = t.bytes;
+          e.transfer_us = timing == TimingMode::PerOp ? m.telemetry.now_us() - t0 : t.estimated_us;
+          if (timing == TimingMode::PerOp) e.actual_us = e.transfer_us;
+          events.push_back(std::move(e));
+        }
+        continue;
+      }
+      Backend& backend = *m.backends[size_t(step.backend)];
+      if (m.group[size_t(step.backend)] == 0) sync_host(step.backend);
+      std::span<const NodeExecution> segment(plan.execs.data() + step.index, step.count);
+      if (timing == TimingMode::PerOp) {
+        for (size_t k = 0; k < step.count; ++k) {
+          const double t0 = m.telemetry.now_us();
+          backend.timer_start();
+          backend.execute(graph, plan.execs[step.index + k]);
+          const double us = backend.timer_stop_us();
+          if (record) {
+            TensorId id = plan.exec_id[step.index + k];
+            ExecutionEvent e = op_event(graph, id);
+            e.timestamp_us = t0;
+            e.backend = backend.backend_id();
+            e.reason = placement.at(id).reason.kind;
+            e.estimated_us = placement.at(id).estimated_cost.compute_us;
+            e.actual_us = us;
+            events.push_back(std::move(e));
+          }
+        }
+      } else {
+        const double t0 = record ? m.telemetry.now_us() : 0.0;
+        backend.execute_segment(graph, segment, step.signature);
+        if (record) {
+          for (size_t k = 0; k < step.count; ++k) {
+            TensorId id = plan.exec_id[step.index + k];
+            ExecutionEvent e = op_event(graph, id);
+            e.timestamp_us = t0;
+            e.backend = backend.backend_id();
+            e.reason = placement.at(id).reason.kind;
+            e.estimated_us = placement.at(id).estimated_cost.compute_us;
+            events.push_back(std::move(e));
+          }
+        }
+      }
+      dirty[size_t(step.backend)] = true;
+    }
+    for (size_t b = 0; b < nb; ++b) {
+      if (plan.backend_used[b] || dirty[b]) m.backends[b]->synchronize();
+    }
+    for (size_t k = 0; k < plan.outputs.size(); ++k) {
+      const ExecPlan::Output& o = plan.outputs[k];
+      if (plan.output_dest[k] && o.backend >= 0) {
+        m.backends[size_t(o.backend)]->copy_to_host(plan.staging.data() + o.staging_offset,
+                                                    o.src_ptr, o.bytes);
+      }
+    }
+  } catch (...) {
+    // Leave every backend idle; outputs are untouched and all memory stays owned.
+    for (auto& b : m.backends) {
+      try {
+        b->synchronize();
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+  for (size_t k = 0; k < plan.outputs.size(); ++k) {
+    const ExecPlan::Output& o = plan.outputs[k];
+    if (!plan.output_dest[k]) continue;
+    const void* src = o.backend >= 0 ? plan.staging.data() + o.staging_offset : o.src_ptr;
+    std::memcpy(plan.output_dest[k], src, o.bytes);
+  }
+  m.stats.runs++;
+  m.stats.transfers += transfers;
+  m.stats.transfer_bytes += transfer_bytes;
+  if (timing != TimingMode::Off) {
+    ExecutionEvent g;
+    g.kind = EventKind::Graph;
+    g.timestamp_us = run_start;
+    g.estimated_us = placement.estimated_us;
+    g.actual_us = m.telemetry.now_us() - run_start;
+    g.backend = "graph";
+    events.push_back(std::move(g));
+  }
+  if (!events.empty()) m.telemetry.record_executions(events);
+}
+
+}  // namespace tandem

@@ -1,0 +1,141 @@
+// Internals of HybridExecutor: the persistent store (weights, KV caches) and the per-placement
+// execution plan (segments, transfers, arena offsets), compiled once and replayed every run.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tandem/cost_model.h"
+#include "tandem/executor.h"
+
+namespace tandem {
+
+inline constexpr int kUserInput = -1;  // a transfer's source group: the run's input binding
+
+struct WeightEntry {
+  std::string name;
+  const void* host = nullptr;
+  size_t bytes = 0;
+  std::vector<Buffer> device;  // per backend index (device backends only)
+};
+
+struct CacheEntry {
+  std::string name;
+  size_t bytes = 0;
+  int home = -1;  // backend index
+  Buffer buffer;
+};
+
+// A pointer resolved once the arenas exist: an arena slot or a fixed (persistent) address.
+struct PtrRef {
+  int slot = -1;
+  void* fixed = nullptr;
+  size_t offset = 0;
+};
+
+struct Slot {
+  int group = 0;
+  size_t bytes = 0;
+  int start = 0;  // first node index (inclusive) during which the slot is live
+  int end = 0;    // last node index (inclusive)
+  size_t offset = 0;
+};
+
+struct PlannedTransfer {
+  TensorId storage = kNoTensor;
+  int src_group = kUserInput;
+  int src_backend = -1;  // -1 for host memory
+  int dst_group = 0;
+  int dst_backend = -1;
+  PtrRef src, dst;
+  size_t bytes = 0;
+  size_t input_index = 0;  // kUserInput: index in ExecPlan::inputs
+  size_t staging_offset = 0;
+  double estimated_us = 0.0;
+  void* src_ptr = nullptr;
+  void* dst_ptr = nullptr;
+};
+
+struct Step {
+  bool is_transfer = false;
+  size_t index = 0;  // transfer index, or first exec of the segment
+  size_t count = 0;  // execs in the segment
+  int backend = -1;
+  uint64_t signature = 0;
+};
+
+struct ExecPlan {
+  uint64_t key = 0;
+  uint64_t generation = 0;
+  uint64_t last_used = 0;
+  std::vector<Buffer> arenas;  // per group
+  std::vector<uint8_t> staging;
+  std::vector<NodeExecution> execs;  // compute nodes in order
+  std::vector<TensorId> exec_id;
+  std::vector<OpKind> exec_op;
+  std::vector<int> exec_backend;
+  std::vector<PtrRef> exec_out;
+  std::vector<std::vector<PtrRef>> exec_in;
+  std::vector<PlannedTransfer> transfers;
+  std::vector<Step> steps;
+  std::vector<Slot> slots;
+  struct Input {
+    TensorId id = kNoTensor;
+    std::string name;
+    size_t bytes = 0;
+    bool used = false;  // read by some op (an unused input may stay unbound)
+  };
+  std::vector<Input> inputs;
+  struct Output {
+    TensorId id = kNoTensor;
+    std::string name;
+    int backend = -1;  // -1: host memory
+    PtrRef src;
+    void* src_ptr = nullptr;
+    size_t bytes = 0;
+    size_t staging_offset = 0;
+  };
+  std::vector<Output> outputs;
+  std::vector<bool> backend_used;
+  // Per-run scratch, sized once.
+  std::vector<const void*> input_data;
+  std::vector<void*> output_dest;
+};
+
+struct HybridExecutor::Impl {
+  std::vector<std::shared_ptr<Backend>> backends;
+  std::vector<int> group;  // per backend: 0 host memory, 1.. devices
+  int n_groups = 1;
+  std::vector<int> group_backend;  // the backend that allocates a group's arena (-1: none)
+  std::vector<BackendProfile> profiles;
+  ExecutorOptions options;
+  Telemetry telemetry;
+  ExecutorStats stats;
+
+  std::unordered_map<std::string, WeightEntry> weights;
+  std::unordered_map<std::string, CacheEntry> caches;
+  Residency residency;
+  uint64_t generation = 1;  // bumped when a persistent pointer changes (migration, eviction)
+  uint64_t use_counter = 0;
+  std::unordered_map<uint64_t, std::unique_ptr<ExecPlan>> plans;
+  std::mutex run_mutex;
+
+  Impl(std::vector<std::shared_ptr<Backend>> b, const CostModel& model, ExecutorOptions o);
+
+  // exec_plan.cpp
+  ExecPlan& plan_for(const Graph& graph, const Placement& placement);
+  std::unique_ptr<ExecPlan> build_plan(const Graph& graph, const Placement& placement);
+  void* weight_on(const std::string& name, const TensorDesc& desc, int backend);
+  void* upload(WeightEntry& w, int backend);
+  CacheEntry& cache_at(const std::string& name, const TensorDesc& desc, int backend);
+
+  // executor.cpp
+  void bind(const std::string& name, const void* data, size_t bytes);
+  void zero_fill(Backend& b, void* ptr, size_t bytes);
+};
+
+}  // namespace tandem

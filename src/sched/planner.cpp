@@ -1,0 +1,545 @@
+#include "planner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <string>
+
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace {
+
+using Kind = SelectionReason::Kind;
+constexpr uint64_t kHostBit = 1;  // group 0: host memory
+uint64_t bit(int group) {
+  return 1ull << group;
+}
+
+std::string mib(size_t bytes) {
+  char buf[48];
+  if (bytes < 1024) {
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  } else if (bytes < (size_t(1) << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", double(bytes) / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / (1024.0 * 1024.0));
+  }
+  return buf;
+}
+
+std::string node_label(const Graph& g, const Node& n) {
+  return "node " + std::to_string(n.id) + " '" + g.tensor(n.id).name + "' (" +
+         std::string(op_name(n.op)) + " " + desc_string(g.tensor(n.id)) + ")";
+}
+
+// One backend's answer for one node.
+struct Eval {
+  CapabilityCheck check;
+  bool fits = false;
+  size_t needed = 0;
+  size_t free = 0;
+  size_t persistent = 0;
+  std::string memory_detail;
+  OpCost cost;
+  bool ok() const { return check.ok() && fits; }
+};
+
+class Walk {
+ public:
+  Walk(const PlannerConfig& c, const Graph& g, const Residency& r)
+      : c_(c), g_(g), n_backends_(c.backends.size()) {
+    const size_t n = g.size();
+    loc_.assign(n, 0);
+    producer_.assign(n, kNoBackend);
+    weight_pin_.assign(n, -1);
+    parent_.resize(n);
+    std::iota(parent_.begin(), parent_.end(), 0);
+    home_.assign(n, kNoBackend);
+    used_.resize(n_backends_);
+    exhausted_.assign(n_backends_, false);
+    exhaust_needed_.assign(n_backends_, 0);
+    exhaust_free_.assign(n_backends_, 0);
+    exhaust_detail_.resize(n_backends_);
+    evals_.resize(n_backends_);
+    excluded_.assign(n_backends_, false);
+    group_backend_.assign(size_t(c.n_groups), kNoBackend);
+    for (size_t b = 0; b < n_backends_; ++b) {
+      used_[b] = r.resident_bytes(c.backends[b]->backend_id());
+      if (group_backend_[size_t(c.group[b])] == kNoBackend) {
+        group_backend_[size_t(c.group[b])] = int(b);
+      }
+    }
+    init_leaves(r);
+  }
+
+  Placement run() {
+    Placement p;
+    p.backends = c_.backends;
+    p.nodes.resize(g_.size());
+    for (const Node& n : g_.nodes()) {
+      BackendSelection& sel = p.nodes[size_t(n.id)];
+      if (is_leaf(n.op)) continue;
+      if (is_metadata(n.op)) {
+        int b = producer_[size_t(g_.storage_of(n.id))];
+        set_backend(sel, b);
+        sel.reason.kind = Kind::FollowsSource;
+        continue;
+      }
+      select(n, sel);
+      apply(n, sel.backend_index);
+      p.estimated_us += sel.estimated_cost.total_us();
+    }
+    p.planned_transfers = transfers_;
+    p.planned_uploads = uploads_;
+    return p;
+  }
+
+ private:
+  int backend_of(const std::string& id) const {
+    for (size_t b = 0; b < n_backends_; ++b) {
+      if (c_.backends[b]->backend_id() == id) return int(b);
+    }
+    return kNoBackend;
+  }
+
+  int find(int x) {
+    while (parent_[size_t(x)] != x) x = parent_[size_t(x)] = parent_[size_t(parent_[size_t(x)])];
+    return x;
+  }
+
+  bool is_cache(TensorId s) const { return g_.node(s).op == OpKind::KvCache; }
+
+  void init_leaves(const Residency& r) {
+    for (const Node& n : g_.nodes()) {
+      const std::string& name = g_.tensor(n.id).name;
+      if (n.op == OpKind::Input) {
+        loc_[size_t(n.id)] = kHostBit;
+      } else if (n.op == OpKind::Weight || n.op == OpKind::KvCache) {
+        // Weights are bound as host data; caches exist only where the residency lists them.
+        uint64_t m = n.op == OpKind::Weight ? kHostBit : 0;
+        if (r.size() > 0) {
+          for (const std::string& id : r.locations(name)) {
+            int b = backend_of(id);
+            if (b == kNoBackend) continue;
+            m |= bit(c_.group[size_t(b)]);
+            if (n.op == OpKind::KvCache && home_[size_t(n.id)] == kNoBackend) {
+              home_[size_t(n.id)] = b;
+            }
+          }
+        }
+        loc_[size_t(n.id)] = m;
+        // Pins match weights and KV caches by name (a cache pin keeps a layer's state there).
+        if (n.op == OpKind::Weight || n.op == OpKind::KvCache) {
+          if (c_.pin_matcher) weight_pin_[size_t(n.id)] = c_.pin_matcher->match(name);
+        }
+      } else if (n.op == OpKind::Attention) {
+        // K and V caches read by one attention live together.
+        TensorId k = g_.storage_of(n.inputs[1]), v = g_.storage_of(n.inputs[2]);
+        if (is_cache(k) && is_cache(v)) parent_[size_t(find(k))] = find(v);
+      }
+    }
+    for (const Node& n : g_.nodes()) {
+      if (n.op != OpKind::KvCache) continue;
+      int rep = find(n.id);
+      if (home_[size_t(rep)] == kNoBackend) home_[size_t(rep)] = home_[size_t(n.id)];
+    }
+  }
+
+  // The KV cache a node is tied to (its representative), or -1.
+  int cache_of(const Node& n) {
+    TensorId s = kNoTensor;
+    if (n.op == OpKind::KvWrite) s = g_.storage_of(n.inputs[0]);
+    if (n.op == OpKind::Attention) s = g_.storage_of(n.inputs[1]);
+    return s != kNoTensor && is_cache(s) ? find(s) : -1;
+  }
+
+  int hops(uint64_t m, int gb) const {
+    if (m == 0 || (m & bit(gb))) return 0;
+    if (m & kHostBit) return 1;
+    return gb == 0 ? 1 : 2;
+  }
+
+  void evaluate(const Node& n) {
+    std::fill(excluded_.begin(), excluded_.end(), false);
+    hops_.assign(n.inputs.size(), 0);
+    for (size_t b = 0; b < n_backends_; ++b) {
+      Eval& e = evals_[b];
+      e = Eval{};
+      e.check = c_.backends[b]->check(g_, n);
+      const int gb = c_.group[b];
+      size_t persistent = 0, transient = 0;
+      bool persistent_here = false;  // reads a weight or cache already in this memory
+      int source_device = kNoBackend;
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        TensorId s = g_.storage_of(n.inputs[i]);
+        bool dup = false;
+        for (size_t j = 0; j < i; ++j) dup = dup || g_.storage_of(n.inputs[j]) == s;
+        if (dup) {
+          hops_[i] = 0;
+          continue;
+        }
+        const uint64_t m = loc_[size_t(s)];
+        hops_[i] = uint8_t(hops(m, gb));
+        if (m != 0 && !(m & kHostBit) && !(m & bit(gb))) {
+          for (int grp = 1; grp < c_.n_groups; ++grp) {
+            if (m & bit(grp)) source_device = group_backend_[size_t(grp)];
+          }
+        }
+        if (m & bit(gb)) {
+          OpKind sop = g_.node(s).op;
+          persistent_here = persistent_here || sop == OpKind::Weight || sop == OpKind::KvCache;
+          continue;
+        }
+        const size_t bytes = g_.tensor(s).bytes();
+        OpKind sop = g_.node(s).op;
+        if (sop == OpKind::Weight) {
+          if (gb != 0) persistent += bytes;
+        } else if (sop == OpKind::KvCache) {
+          (m == 0 || n.op == OpKind::KvWrite ? persistent : transient) += bytes;
+        } else {
+          transient += bytes;
+        }
+      }
+      if (!g_.tensor(n.id).is_view()) transient += g_.tensor(n.id).bytes();
+      BackendProfile prof = c_.profiles[b];
+      // A host candidate pulls device data over that device's link.
+      if (gb == 0 && source_device != kNoBackend)
+        prof.link = c_.profiles[size_t(source_device)].link;
+      e.cost = CostModel::estimate(g_, n, prof, hops_);
+      e.persistent = persistent;
+      e.needed = persistent + transient;
+      e.free = c_.budgets[b] > used_[b] ? c_.budgets[b] - used_[b] : 0;
+      e.fits = e.needed <= e.free;
+      const std::string& id = c_.backends[b]->backend_id();
+      // An exhausted device still takes ops on weights or caches already there (preloaded)
+      // that need no new memory; activation-only ops stay off it (no ping-pong).
+      if (exhausted_[b] && (persistent > 0 || !persistent_here)) {
+        e.fits = false;
+        e.needed = exhaust_needed_[b];
+        e.free = exhaust_free_[b];
+        e.memory_detail = exhaust_detail_[b];
+      } else if (!e.fits) {
+        e.memory_detail = id + " needs " + mib(e.needed) + " (" + mib(persistent) +
+                          " persistent), its budget has " + mib(e.free) + " free";
+        // A device that refused a weight takes no later op that needs new memory or reads
+        // nothing on it, as llama.cpp's -ngl: a prefix on the device, no ping-pong after.
+        if (gb != 0 && persistent > 0 && e.check.ok()) {
+          exhausted_[b] = true;
+          exhaust_needed_[b] = e.needed;
+          exhaust_free_[b] = e.free;
+          exhaust_detail_[b] =
+              "budget of " + id + " exhausted at " + node_label(g_, n) + ": " + e.memory_detail;
+        }
+      }
+    }
+  }
+
+  void set_backend(BackendSelection& sel, int b) const {
+    sel.backend_index = b;
+    sel.backend = b >= 0 ? c_.backends[size_t(b)].get() : nullptr;
+  }
+
+  std::string all_reasons() const {
+    std::string s;
+    for (size_t b = 0; b < n_backends_; ++b) {
+      const Eval& e = evals_[b];
+      s += (b ? "; " : "") + c_.backends[b]->backend_id() + ": " +
+           (!e.check.ok() ? e.check.detail
+            : !e.fits     ? e.memory_detail
+                          : "ok");
+    }
+    return s;
+  }
+
+  [[noreturn]] void fail(ErrorCode code, const Node& n, const std::string& what) const {
+    throw_error(code, "scheduler", node_label(g_, n) + ": " + what + " [" + all_reasons() + "]");
+  }
+
+  // Fills the selection for backend b and lists every other backend as rejected.
+  void choose(BackendSelection& sel, int b, SelectionReason reason, RejectReason other_reason,
+              const std::string& other_detail) {
+    set_backend(sel, b);
+    sel.estimated_cost = evals_[size_t(b)].cost;
+    sel.reason = std::move(reason);
+    for (size_t i = 0; i < n_backends_; ++i) {
+      if (int(i) == b) continue;
+      const Eval& e = evals_[i];
+      RejectedCandidate r{int(i), c_.backends[i]->backend_id(), other_reason, other_detail};
+      if (!e.check.ok()) {
+        r.reason = e.check.reason;
+        r.detail = e.check.detail;
+      } else if (!e.fits) {
+        r.reason = RejectReason::OutOfMemory;
+        r.detail = e.memory_detail;
+      } else if (other_reason == RejectReason::MoreExpensive) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "%.3f us vs %.3f us", e.cost.total_us(),
+                      sel.estimated_cost.total_us());
+        r.detail = buf;
+      }
+      sel.rejected.push_back(std::move(r));
+    }
+  }
+
+  int first_ok(BackendKind kind, bool same_kind) const {
+    for (size_t b = 0; b < n_backends_; ++b) {
+      bool k = c_.backends[b]->kind() == kind;
+      if (k == same_kind && !excluded_[b] && evals_[b].ok()) return int(b);
+    }
+    return kNoBackend;
+  }
+
+  int first_of(BackendKind kind) const {
+    for (size_t b = 0; b < n_backends_; ++b) {
+      if (c_.backends[b]->kind() == kind) return int(b);
+    }
+    return kNoBackend;
+  }
+
+  SelectionReason memory_reason(const Eval& e) const {
+    SelectionReason r;
+    r.kind = Kind::MemoryConstraint;
+    r.needed_bytes = e.needed;
+    r.free_bytes = e.free;
+    r.why = e.memory_detail;
+    return r;
+  }
+
+  // GpuPreferred and CpuPreferred: the preferred kind if one can, else the other kind.
+  void preferred(const Node& n, BackendSelection& sel, BackendKind want) {
+    const bool gpu = want == BackendKind::Gpu;
+    const std::string want_name(backend_kind_name(want));
+    const std::string pref = gpu ? "gpu_preferred" : "cpu_preferred";
+    int b = first_ok(want, true);
+    if (b >= 0) {
+      SelectionReason r;
+      r.kind = gpu ? Kind::GpuAvailable : Kind::CpuAvailable;
+      choose(sel, b, r, RejectReason::NotAllowed, pref + ": lower preference");
+      return;
+    }
+    int fallback = first_ok(want, false);
+    int first = first_of(want);
+    SelectionReason r;
+    if (first == kNoBackend) {
+      r.kind = gpu ? Kind::GpuUnavailable : Kind::GpuFallback;
+      r.why = "no " + want_name + " backend";
+    } else {
+      const Eval& e = evals_[size_t(first)];
+      if (e.check.ok() && !e.fits) {
+        r = memory_reason(e);
+      } else {
+        r.kind = gpu ? Kind::CpuFallback : Kind::GpuFallback;
+        r.why = e.check.ok() ? "excluded by a pin" : e.check.detail;
+      }
+    }
+    if (fallback < 0) fail(ErrorCode::Unsupported, n, "no backend can run it");
+    if (c_.strict) {
+      fail(r.kind == Kind::MemoryConstraint ? ErrorCode::OutOfMemory : ErrorCode::Unsupported, n,
+           "strict mode refuses the fallback to " + c_.backends[size_t(fallback)]->backend_id() +
+               " (" + r.to_string() + ")");
+    }
+    choose(sel, fallback, r, RejectReason::NotAllowed, pref + ": lower preference");
+  }
+
+  void automatic(const Node& n, BackendSelection& sel) {
+    int best_fit = kNoBackend, best_any = kNoBackend;
+    std::vector<CandidateCost> costs;
+    for (size_t b = 0; b < n_backends_; ++b) {
+      const Eval& e = evals_[b];
+      if (excluded_[b] || !e.check.ok()) continue;
+      costs.push_back({int(b), c_.backends[b]->backend_id(), e.cost});
+      double t = e.cost.total_us();
+      if (best_any < 0 || t < evals_[size_t(best_any)].cost.total_us()) best_any = int(b);
+      if (e.fits && (best_fit < 0 || t < evals_[size_t(best_fit)].cost.total_us())) {
+        best_fit = int(b);
+      }
+    }
+    if (best_any < 0) fail(ErrorCode::Unsupported, n, "no backend can run it");
+    if (best_fit < 0) fail(ErrorCode::OutOfMemory, n, "no backend has room for it");
+    int chosen = best_fit;
+    SelectionReason r;
+    r.kind = Kind::CostModel;
+    const double best = evals_[size_t(best_fit)].cost.total_us();
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "cheapest");
+    if (current_ >= 0 && current_ != best_fit && !excluded_[size_t(current_)] &&
+        evals_[size_t(current_)].ok()) {
+      double cur = evals_[size_t(current_)].cost.total_us();
+      double ratio = best > 0 ? cur / best : 1.0;
+      if (ratio < c_.switch_threshold) {
+        chosen = current_;
+        std::snprintf(
+            buf, sizeof buf, "stays on %s: %.2fx the cheapest, under switch_threshold %.2f",
+            c_.backends[size_t(current_)]->backend_id().c_str(), ratio, c_.switch_threshold);
+      } else {
+        std::snprintf(buf, sizeof buf, "leaves %s: %.2fx the cheapest, switch_threshold %.2f",
+                      c_.backends[size_t(current_)]->backend_id().c_str(), ratio,
+                      c_.switch_threshold);
+      }
+    }
+    r.why = buf;
+    if (best_any != best_fit && evals_[size_t(best_any)].cost.total_us() < best) {
+      // The cheapest backend had no room.
+      SelectionReason m = memory_reason(evals_[size_t(best_any)]);
+      if (c_.strict) {
+        fail(ErrorCode::OutOfMemory, n,
+             "strict mode refuses moving it off the cheapest backend (" + m.to_string() + ")");
+      }
+      r.kind = Kind::MemoryConstraint;
+      r.needed_bytes = m.needed_bytes;
+      r.free_bytes = m.free_bytes;
+      r.why = m.why;
+    }
+    r.costs = std::move(costs);
+    choose(sel, chosen, std::move(r), RejectReason::MoreExpensive, "");
+  }
+
+  void backend_only(const Node& n, BackendSelection& sel) {
+    const int b = c_.only;
+    const Eval& e = evals_[size_t(b)];
+    const std::string& id = c_.backends[size_t(b)]->backend_id();
+    if (!e.check.ok()) {
+      throw_error(ErrorCode::Unsupported, "scheduler",
+                  "backend_only(" + id + ") cannot run " + node_label(g_, n) + ": " +
+                      e.check.detail + " (" + std::string(reject_reason_name(e.check.reason)) +
+                      ")");
+    }
+    if (!e.fits) {
+      throw_error(
+          ErrorCode::OutOfMemory, "scheduler",
+          "backend_only(" + id + ") has no room for " + node_label(g_, n) + ": " + e.memory_detail);
+    }
+    SelectionReason r;
+    r.kind = Kind::UserPreference;
+    r.why = "strategy backend_only(" + id + ")";
+    choose(sel, b, r, RejectReason::NotAllowed, r.why);
+  }
+
+  void select(const Node& n, BackendSelection& sel) {
+    evaluate(n);
+    // 1. Pins: a weight pin, then an op pin.
+    int pin = kNoBackend;
+    std::string why;
+    for (TensorId in : n.inputs) {
+      TensorId s = g_.storage_of(in);
+      int p = weight_pin_[size_t(s)];
+      if (p >= 0) {
+        const TensorPin& tp = c_.tensor_pins[size_t(p)];
+        pin = c_.tensor_pin_backend[size_t(p)];
+        why = "pin '" + tp.pattern + "' on weight '" + g_.tensor(s).name + "' -> " + tp.backend_id;
+        break;
+      }
+    }
+    if (pin < 0 && c_.op_pin[size_t(n.op)] >= 0) {
+      pin = c_.op_pin[size_t(n.op)];
+      why =
+          "op pin " + std::string(op_name(n.op)) + " -> " + c_.backends[size_t(pin)]->backend_id();
+    }
+    if (pin >= 0) {
+      if (evals_[size_t(pin)].ok()) {
+        SelectionReason r;
+        r.kind = Kind::UserPreference;
+        r.why = why;
+        choose(sel, pin, r, RejectReason::NotAllowed, "pinned elsewhere (" + why + ")");
+        return;
+      }
+      if (c_.strict) {
+        fail(ErrorCode::Unsupported, n,
+             "strict mode: " + why + " but " + c_.backends[size_t(pin)]->backend_id() +
+                 " cannot take it");
+      }
+      excluded_[size_t(pin)] = true;
+    }
+    // 2. Attention and KvWrite run where their KV cache lives (the cache is persistent state).
+    int rep = cache_of(n);
+    if (rep >= 0 && home_[size_t(rep)] >= 0) {
+      int h = home_[size_t(rep)];
+      if (!excluded_[size_t(h)] && evals_[size_t(h)].check.ok()) {
+        SelectionReason r;
+        r.kind = Kind::Colocated;
+        r.why = "kv cache '" + g_.tensor(TensorId(rep)).name + "' lives on " +
+                c_.backends[size_t(h)]->backend_id();
+        choose(sel, h, r, RejectReason::NotAllowed, r.why);
+        return;
+      }
+    }
+    // 3. The strategy.
+    switch (c_.strategy.kind) {
+      case Strategy::Kind::GpuPreferred:
+        preferred(n, sel, BackendKind::Gpu);
+        break;
+      case Strategy::Kind::CpuPreferred:
+        preferred(n, sel, BackendKind::Cpu);
+        break;
+      case Strategy::Kind::Automatic:
+        automatic(n, sel);
+        break;
+      case Strategy::Kind::BackendOnly:
+        backend_only(n, sel);
+        break;
+    }
+  }
+
+  // Records the effects of running n on backend b: copies made, memory placed, outputs.
+  void apply(const Node& n, int b) {
+    const int gb = c_.group[size_t(b)];
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      TensorId s = g_.storage_of(n.inputs[i]);
+      uint64_t& m = loc_[size_t(s)];
+      if (m & bit(gb)) continue;
+      const size_t bytes = g_.tensor(s).bytes();
+      OpKind sop = g_.node(s).op;
+      if (m == 0) {  // a cache created here
+        used_[size_t(b)] += bytes;
+      } else if ((sop == OpKind::Weight && gb != 0) ||
+                 (sop == OpKind::KvCache && n.op == OpKind::KvWrite)) {
+        ++uploads_;  // persistent: a weight upload or a cache migration, once
+        used_[size_t(b)] += bytes;
+      } else {
+        ++transfers_;
+      }
+      m |= bit(gb);
+    }
+    if (n.op == OpKind::KvWrite) {
+      loc_[size_t(g_.storage_of(n.inputs[0]))] = bit(gb);  // the write invalidates other copies
+    } else {
+      loc_[size_t(n.id)] = bit(gb);
+      producer_[size_t(n.id)] = b;
+    }
+    producer_[size_t(g_.storage_of(n.id))] = b;
+    int rep = cache_of(n);
+    if (rep >= 0) home_[size_t(rep)] = b;
+    current_ = b;
+  }
+
+  const PlannerConfig& c_;
+  const Graph& g_;
+  const size_t n_backends_;
+  std::vector<uint64_t> loc_;  // per storage: groups holding a valid copy
+  std::vector<int> producer_;  // per storage: the backend that last wrote it
+  std::vector<int> weight_pin_;
+  std::vector<int> parent_;  // union-find over KV caches
+  std::vector<int> home_;    // per cache representative: its backend
+  std::vector<size_t> used_;
+  std::vector<bool> exhausted_;
+  std::vector<size_t> exhaust_needed_, exhaust_free_;
+  std::vector<std::string> exhaust_detail_;
+  std::vector<int> group_backend_;
+  std::vector<Eval> evals_;
+  std::vector<bool> excluded_;
+  std::vector<uint8_t> hops_;
+  int current_ = kNoBackend;
+  size_t transfers_ = 0;
+  size_t uploads_ = 0;
+};
+
+}  // namespace
+
+Placement plan_graph(const PlannerConfig& config, const Graph& graph, const Residency& residency) {
+  Walk walk(config, graph, residency);
+  return walk.run();
+}
+
+}  // namespace tandem

@@ -1,0 +1,34 @@
+// The planning walk behind HybridScheduler::plan: one pass over the nodes in order, tracking
+// where every tensor is valid, the memory placed on each backend and where KV caches live.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "pin_matcher.h"
+#include "tandem/scheduler.h"
+
+namespace tandem {
+
+// Everything build() validated, in the form the walk uses.
+struct PlannerConfig {
+  std::vector<std::shared_ptr<Backend>> backends;
+  std::vector<int> group;  // memory group per backend: 0 host memory, 1.. one per device
+  int n_groups = 1;
+  std::vector<BackendProfile> profiles;
+  std::vector<size_t> budgets;
+  Strategy strategy;
+  int only = kNoBackend;
+  bool strict = false;
+  std::vector<TensorPin> tensor_pins;
+  std::vector<int> tensor_pin_backend;
+  std::unique_ptr<PinMatcher> pin_matcher;
+  std::array<int, kOpKindCount> op_pin{};
+  double switch_threshold = kDefaultSwitchThreshold;
+  CostModel cost_model;
+};
+
+Placement plan_graph(const PlannerConfig& config, const Graph& graph, const Residency& residency);
+
+}  // namespace tandem

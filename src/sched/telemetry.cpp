@@ -1,0 +1,290 @@
+#include "tandem/telemetry.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+namespace tandem {
+
+namespace {
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+nlohmann::json shape_json(const ExecutionEvent& e) {
+  nlohmann::json s = nlohmann::json::array();
+  for (int i = 0; i < std::max(1, e.n_dims); ++i) s.push_back(e.shape[size_t(i)]);
+  return s;
+}
+
+std::string_view event_name(const ExecutionEvent& e) {
+  return e.kind == EventKind::Graph ? std::string_view("graph") : op_name(e.op);
+}
+}  // namespace
+
+std::string_view event_kind_name(EventKind kind) {
+  switch (kind) {
+    case EventKind::Op:
+      return "op";
+    case EventKind::Transfer:
+      return "transfer";
+    case EventKind::Graph:
+      return "graph";
+  }
+  return "unknown";
+}
+
+Telemetry::Telemetry(size_t max_events) : max_events_(max_events), epoch_ns_(steady_ns()) {}
+
+double Telemetry::now_us() const {
+  return double(steady_ns() - epoch_ns_) / 1000.0;
+}
+
+void Telemetry::record_execution(ExecutionEvent event) {
+  std::lock_guard lock(mutex_);
+  if (events_.size() >= max_events_) {
+    ++dropped_;
+    return;
+  }
+  events_.push_back(std::move(event));
+}
+
+void Telemetry::record_executions(std::vector<ExecutionEvent>& events) {
+  std::lock_guard lock(mutex_);
+  for (ExecutionEvent& e : events) {
+    if (events_.size() >= max_events_) {
+      ++dropped_;
+      continue;
+    }
+    events_.push_back(std::move(e));
+  }
+  events.clear();
+}
+
+std::vector<ExecutionEvent> Telemetry::get_telemetry() const {
+  std::lock_guard lock(mutex_);
+  return events_;
+}
+
+void Telemetry::clear_telemetry() {
+  std::lock_guard lock(mutex_);
+  events_.clear();
+  dropped_ = 0;
+}
+
+size_t Telemetry::size() const {
+  std::lock_guard lock(mutex_);
+  return events_.size();
+}
+
+size_t Telemetry::dropped() const {
+  std::lock_guard lock(mutex_);
+  return dropped_;
+}
+
+ExecutionSummary Telemetry::execution_summary() const {
+  std::lock_guard lock(mutex_);
+  ExecutionSummary s;
+  for (const ExecutionEvent& e : events_) {
+    switch (e.kind) {
+      case EventKind::Op: {
+        BackendUsage& u = s.backends[e.backend];
+        u.ops++;
+        u.actual_us += std::max(0.0, e.actual_us);
+        u.estimated_us += e.estimated_us;
+        s.ops++;
+        s.actual_us += std::max(0.0, e.actual_us);
+        s.estimated_us += e.estimated_us;
+        break;
+      }
+      case EventKind::Transfer: {
+        BackendUsage& u = s.backends[e.backend];
+        u.transfers_in++;
+        u.transfer_bytes += e.transfer_bytes;
+        u.transfer_us += e.transfer_us;
+        s.transfers++;
+        s.transfer_bytes += e.transfer_bytes;
+        s.transfer_us += e.transfer_us;
+        break;
+      }
+      case EventKind::Graph:
+        s.graphs++;
+        s.graph_us += std::max(0.0, e.actual_us);
+        break;
+    }
+  }
+  return s;
+}
+
+std::map<std::string, BackendUsage> Telemetry::backend_usage_stats() const {
+  return execution_summary().backends;
+}
+
+std::map<std::string, OpTypeStats> Telemetry::operations_by_type() const {
+  std::lock_guard lock(mutex_);
+  std::map<std::string, OpTypeStats> m;
+  for (const ExecutionEvent& e : events_) {
+    if (e.kind != EventKind::Op) continue;
+    OpTypeStats& s = m[std::string(op_name(e.op))];
+    s.count++;
+    s.actual_us += std::max(0.0, e.actual_us);
+    s.estimated_us += e.estimated_us;
+  }
+  return m;
+}
+
+void Telemetry::print_debug_summary(std::ostream& os) const {
+  ExecutionSummary s = execution_summary();
+  auto by_type = operations_by_type();
+  char line[256];
+  os << "== tandem execution summary ==\n";
+  if (s.ops == 0 && s.transfers == 0 && s.graphs == 0) {
+    os << "no operations recorded\n";
+  }
+  std::snprintf(line, sizeof line, "%-12s %8s %12s %12s %10s %14s %12s\n", "backend", "ops",
+                "actual_us", "est_us", "xfers_in", "xfer_bytes", "xfer_us");
+  os << line;
+  for (const auto& [id, u] : s.backends) {
+    std::snprintf(line, sizeof line, "%-12s %8zu %12.1f %12.1f %10zu %14zu %12.1f\n", id.c_str(),
+                  u.ops, u.actual_us, u.estimated_us, u.transfers_in, u.transfer_bytes,
+                  u.transfer_us);
+    os << line;
+  }
+  std::snprintf(line, sizeof line, "%-12s %8zu %12.1f %12.1f %10zu %14zu %12.1f\n", "total", s.ops,
+                s.actual_us, s.estimated_us, s.transfers, s.transfer_bytes, s.transfer_us);
+  os << line;
+  if (!by_type.empty()) {
+    std::snprintf(line, sizeof line, "%-18s %8s %12s %12s %8s\n", "op", "count", "actual_us",
+                  "est_us", "share");
+    os << line;
+    for (const auto& [op, t] : by_type) {
+      double share = s.actual_us > 0 ? 100.0 * t.actual_us / s.actual_us : 0.0;
+      std::snprintf(line, sizeof line, "%-18s %8zu %12.1f %12.1f %7.1f%%\n", op.c_str(), t.count,
+                    t.actual_us, t.estimated_us, share);
+      os << line;
+    }
+  }
+  if (s.graphs > 0) {
+    std::snprintf(line, sizeof line, "graphs: %zu, %.1f us each on average\n", s.graphs,
+                  s.graph_us / double(s.graphs));
+    os << line;
+  }
+  if (s.ops > 0 && s.actual_us == 0.0) os << "(op times not measured: timing is off)\n";
+}
+
+std::string Telemetry::to_chrome_trace_json() const {
+  using nlohmann::json;
+  std::vector<ExecutionEvent> events = get_telemetry();
+  json trace = json::array();
+  trace.push_back({{"name", "process_name"},
+                   {"ph", "M"},
+                   {"pid", 1},
+                   {"tid", 0},
+                   {"args", {{"name", "tandem"}}}});
+  // One track per backend in order of appearance, then transfers and graphs.
+  std::map<std::string, int> tids;
+  std::vector<std::string> names;
+  auto track = [&](const std::string& name) {
+    auto it = tids.find(name);
+    if (it != tids.end()) return it->second;
+    int tid = int(names.size()) + 1;
+    tids.emplace(name, tid);
+    names.push_back(name);
+    return tid;
+  };
+  for (const ExecutionEvent& e : events) {
+    if (e.kind == EventKind::Op) track(e.backend);
+  }
+  const int transfers = track("transfers");
+  const int graphs = track("graphs");
+  for (size_t i = 0; i < names.size(); ++i) {
+    trace.push_back({{"name", "thread_name"},
+                     {"ph", "M"},
+                     {"pid", 1},
+                     {"tid", int(i) + 1},
+                     {"args", {{"name", names[i]}}}});
+  }
+  // Untimed events share a submit time; lay them end to end so slices do not overlap.
+  std::map<int, double> cursor;
+  for (const ExecutionEvent& e : events) {
+    int tid = e.kind == EventKind::Op         ? track(e.backend)
+              : e.kind == EventKind::Transfer ? transfers
+                                              : graphs;
+    double dur = e.actual_us >= 0                ? e.actual_us
+                 : e.kind == EventKind::Transfer ? e.transfer_us
+                                                 : e.estimated_us;
+    double ts = std::max(e.timestamp_us, cursor[tid]);
+    cursor[tid] = ts + dur;
+    json args = {{"node", e.node},
+                 {"shape", shape_json(e)},
+                 {"dtype", std::string(dtype_name(e.dtype))},
+                 {"backend", e.backend},
+                 {"estimated_us", e.estimated_us},
+                 {"timed", e.actual_us >= 0}};
+    if (e.kind == EventKind::Op) args["reason"] = std::string(reason_kind_name(e.reason));
+    if (e.kind == EventKind::Transfer) {
+      args["from"] = e.source_backend;
+      args["transfer_bytes"] = e.transfer_bytes;
+    }
+    trace.push_back({{"name", std::string(event_name(e))},
+                     {"cat", std::string(event_kind_name(e.kind))},
+                     {"ph", "X"},
+                     {"ts", ts},
+                     {"dur", dur},
+                     {"pid", 1},
+                     {"tid", tid},
+                     {"args", args}});
+  }
+  return json{{"traceEvents", trace}, {"displayTimeUnit", "ms"}}.dump();
+}
+
+std::string Telemetry::to_json() const {
+  using nlohmann::json;
+  std::vector<ExecutionEvent> events = get_telemetry();
+  json list = json::array();
+  for (const ExecutionEvent& e : events) {
+    list.push_back({{"kind", std::string(event_kind_name(e.kind))},
+                    {"timestamp_us", e.timestamp_us},
+                    {"node", e.node},
+                    {"op", std::string(event_name(e))},
+                    {"shape", shape_json(e)},
+                    {"dtype", std::string(dtype_name(e.dtype))},
+                    {"backend", e.backend},
+                    {"source_backend", e.source_backend},
+                    {"reason", std::string(reason_kind_name(e.reason))},
+                    {"estimated_us", e.estimated_us},
+                    {"actual_us", e.actual_us},
+                    {"transfer_bytes", e.transfer_bytes},
+                    {"transfer_us", e.transfer_us}});
+  }
+  ExecutionSummary s = execution_summary();
+  json backends = json::object();
+  for (const auto& [id, u] : s.backends) {
+    backends[id] = {{"ops", u.ops},
+                    {"actual_us", u.actual_us},
+                    {"estimated_us", u.estimated_us},
+                    {"transfers_in", u.transfers_in},
+                    {"transfer_bytes", u.transfer_bytes},
+                    {"transfer_us", u.transfer_us}};
+  }
+  json ops = json::object();
+  for (const auto& [op, t] : operations_by_type()) {
+    ops[op] = {{"count", t.count}, {"actual_us", t.actual_us}, {"estimated_us", t.estimated_us}};
+  }
+  json summary = {{"ops", s.ops},
+                  {"transfers", s.transfers},
+                  {"graphs", s.graphs},
+                  {"transfer_bytes", s.transfer_bytes},
+                  {"actual_us", s.actual_us},
+                  {"estimated_us", s.estimated_us},
+                  {"transfer_us", s.transfer_us},
+                  {"graph_us", s.graph_us},
+                  {"backends", backends},
+                  {"operations_by_type", ops}};
+  return json{{"events", list}, {"dropped", dropped()}, {"summary", summary}}.dump(2);
+}
+
+}  // namespace tandem

@@ -1,0 +1,223 @@
+// The `tandem` command as a user meets it: every --help works; wrong flags, missing files and
+// malformed models give one clear line and a non-zero exit; bench prints its table and valid
+// JSON; greedy runs give the same tokens on every strategy.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+#include "tandem/model/sampler.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs the tandem binary with a shell command line; captures stdout and stderr separately.
+Result tandem(const std::string& args) {
+  static int counter = 0;
+  fs::path dir = fs::temp_directory_path() / ("tandem_cli_test_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::string out = (dir / ("out" + std::to_string(counter))).string();
+  std::string err = (dir / ("err" + std::to_string(counter++))).string();
+  std::string cmd = std::string(TANDEM_BIN) + " " + args + " >" + out + " 2>" + err + " </dev/null";
+  int status = std::system(cmd.c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  auto slurp = [](const std::string& p) {
+    std::ifstream f(p);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+size_t lines(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += c == '\n';
+  return n + (!s.empty() && s.back() != '\n');
+}
+
+const std::string& tiny_model() {
+  static std::string path;
+  if (path.empty()) {
+    path = (fs::temp_directory_path() / ("tandem_cli_tiny_" + std::to_string(getpid()) + ".gguf"))
+               .string();
+    Result r = tandem("synth --preset tiny --type f32 --seed 3 -o " + path);
+    EXPECT_EQ(r.code, 0) << r.err;
+  }
+  return path;
+}
+
+TEST(Cli, EverySubcommandHasHelp) {
+  for (std::string sub :
+       {"run", "bench", "synth", "inspect", "devices", "tokenize", "detokenize", "logits"}) {
+    Result r = tandem(sub + " --help");
+    EXPECT_EQ(r.code, 0) << sub << ": " << r.err;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
+  }
+  Result r = tandem("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("bench"), std::string::npos);
+}
+
+TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
+  const std::string& m = tiny_model();
+  fs::path junk =
+      fs::temp_directory_path() / ("tandem_cli_junk_" + std::to_string(getpid()) + ".gguf");
+  std::ofstream(junk) << "this is not a gguf file at all, it is text";
+  struct Bad {
+    std::string args, expect;
+  } cases[] = {
+      {"run -m " + m + " -p hi --no-such-flag", "no-such-flag"},
+      {"run -p hi", "--model"},
+      {"frobnicate", "frobnicate"},
+      {"run -m /nonexistent/model.gguf -p hi", "/nonexistent/model.gguf"},
+      {"inspect /nonexistent/model.gguf", "/nonexistent/model.gguf"},
+      {"inspect " + junk.string(), junk.string()},
+      {"run -m " + junk.string() + " -p hi", junk.string()},
+      {"bench -m " + m + " --strategy warp-drive", "warp-drive"},
+      {"bench -m " + m + " --output-format xml", "--output-format"},
+      {"run -m " + m + " -p hi --gpu-mem lots", "--gpu-mem"},
+      {"run -m " + m + " -p hi --kv-type q4_0", "--kv-type"},
+      {"run -m " + m + " -p hi --strategy only:cuda:7", "cuda:7"},
+      {"logits -m " + m + " --tokens 1,x,3 --out /tmp/x.bin", "--tokens"},
+      {"logits -m " + m + " --tokens 1,99999 --out /tmp/x.bin", "99999"},
+      {"detokenize -m " + m + " 1 2 999999", "999999"},
+      {"synth --preset huge -o /tmp/x.gguf", "huge"},
+      {"run -m " + m + " -p hi -o 'blk\\.0\\..*'", "--override-tensor"},
+  };
+  for (const auto& c : cases) {
+    Result r = tandem(c.args);
+    EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_EQ(lines(r.err), 1u) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << "\n" << r.err;
+  }
+  fs::remove(junk);
+}
+
+TEST(Cli, InspectDevicesTokenize) {
+  const std::string& m = tiny_model();
+  Result r = tandem("inspect " + m);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("token_embd.weight"), std::string::npos);
+  EXPECT_NE(r.out.find("llama.block_count"), std::string::npos);
+  r = tandem("inspect --json " + m);
+  ASSERT_EQ(r.code, 0);
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["metadata"]["general.architecture"], "llama");
+  r = tandem("devices --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto d = nlohmann::json::parse(r.out);
+  ASSERT_GE(d.size(), 1u);
+  EXPECT_EQ(d[0]["backend"], "reference");
+  EXPECT_GT(d[0]["capabilities"].size(), 10u);
+
+  std::string vocab = std::string(TANDEM_VOCAB_DIR) + "/ggml-vocab-llama-spm.gguf";
+  if (!fs::exists(vocab)) GTEST_SKIP() << "no vocab file at " << vocab;
+  r = tandem("tokenize --json -m " + vocab + " --no-bos 'Hello world'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto ids = nlohmann::json::parse(r.out);
+  ASSERT_EQ(ids.size(), 2u);
+  r = tandem("detokenize -m " + vocab + " " + std::to_string(int(ids[0])) + "," +
+             std::to_string(int(ids[1])));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "Hello world\n");
+}
+
+TEST(Cli, BenchPrintsOneRowPerStrategyAndTestAndValidJson) {
+  const std::string& m = tiny_model();
+  Result r = tandem("bench -m " + m + " -p 16 -n 4 -r 2 --strategy cpu,auto,only:reference");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (std::string s : {"| cpu ", "| auto ", "| only:reference "}) {
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  }
+  EXPECT_NE(r.out.find("pp16"), std::string::npos);
+  EXPECT_NE(r.out.find("tg4"), std::string::npos);
+  r = tandem("bench -m " + m +
+             " -p 16 -n 4 -r 2 --strategy cpu --strategy auto --output-format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 4u);
+  for (const auto& row : j) {
+    EXPECT_EQ(row["samples_ts"].size(), 2u);
+    EXPECT_GT(row["avg_ts"].get<double>(), 0.0);
+  }
+}
+
+TEST(Cli, LogitsWritesTheLastPositionOrAll) {
+  const std::string& m = tiny_model();
+  fs::path out = fs::temp_directory_path() / ("tandem_cli_logits_" + std::to_string(getpid()));
+  Result r = tandem("logits -m " + m + " --tokens 1,2,3 --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(fs::file_size(out), 512u * 4);
+  r = tandem("logits -m " + m + " --tokens 1,2,3 --all --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(fs::file_size(out), 3u * 512 * 4);
+  fs::remove(out);
+}
+
+// Greedy generation per strategy, in process, keeping each step's logits.
+std::vector<int32_t> greedy(const std::string& model, const std::string& strategy,
+                            std::vector<std::vector<float>>* logits_out) {
+  tandem::cli::EngineOptions o;
+  o.model_path = model;
+  o.strategy = strategy;
+  o.n_ctx = 64;
+  tandem::cli::Engine e(o);
+  std::vector<int32_t> toks{1, 17, 42, 99};
+  auto l = e.eval(toks);
+  std::vector<int32_t> out;
+  tandem::Sampler s(tandem::SamplerParams::greedy());
+  for (int i = 0; i < 24; ++i) {
+    logits_out->emplace_back(l.begin(), l.end());
+    int32_t t = s.sample(l);
+    out.push_back(t);
+    l = e.eval(std::span<const int32_t>(&t, 1));
+  }
+  return out;
+}
+
+TEST(Cli, GreedyRunGivesTheSameTokensOnEveryStrategy) {
+  const std::string& m = tiny_model();
+  std::vector<std::vector<float>> ref_logits;
+  auto ref = greedy(m, "only:reference", &ref_logits);
+  for (std::string strategy : {"cpu", "gpu", "auto"}) {
+    std::vector<std::vector<float>> logits;
+    auto got = greedy(m, strategy, &logits);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      if (got[i] == ref[i]) continue;
+      // A divergence is only acceptable where the reference's two best candidates lie within
+      // the conformance tolerance of each other.
+      const auto& l = ref_logits[i];
+      float a = l[size_t(ref[i])], b = l[size_t(got[i])];
+      std::printf("[ report ] %s diverges at step %zu: %d vs %d, logits %.7g vs %.7g\n",
+                  strategy.c_str(), i, ref[i], got[i], a, b);
+      EXPECT_LE(std::fabs(a - b), 1e-4f * std::max(1.0f, std::fabs(a))) << strategy;
+      break;
+    }
+  }
+  // The command-line run prints the same text on two strategies.
+  Result c = tandem("run -m " + m + " -p 'hello' -n 12 --greedy --strategy cpu");
+  Result r = tandem("run -m " + m + " -p 'hello' -n 12 --greedy --strategy only:reference");
+  ASSERT_EQ(c.code, 0) << c.err;
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(c.out, r.out);
+  EXPECT_NE(c.err.find("tokens/s"), std::string::npos);
+  EXPECT_NE(c.err.find("execution summary"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,378 @@
+// The case catalog: every dtype combination the Graph builder accepts for every compute op,
+// at shapes of 1, odd sizes, non-multiples of 32 (where the dtype allows) and large sizes.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+namespace tandem::conformance {
+
+namespace {
+
+using Shape = std::vector<int64_t>;
+
+constexpr DType kConvertible[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+constexpr DType kFloat[] = {DType::F32, DType::F16, DType::BF16};
+constexpr DType kQuantized[] = {DType::Q8_0, DType::Q4_0};
+constexpr DType kCacheTypes[] = {DType::F32, DType::F16};
+
+bool quantized(DType d) {
+  return dtype_traits(d).is_quantized;
+}
+
+std::string dims(const Shape& s) {
+  std::string out;
+  for (int64_t v : s) {
+    if (!out.empty()) out += 'x';
+    out += std::to_string(v);
+  }
+  return out;
+}
+
+std::string dt(DType d) {
+  return std::string(dtype_name(d));
+}
+
+// Leaves from a shape vector (the Graph API takes initializer lists).
+TensorId leaf(Graph& g, OpKind op, const std::string& name, DType dtype, const Shape& s) {
+  Dims ne{1, 1, 1, 1};
+  for (size_t i = 0; i < s.size(); ++i) ne[i] = s[i];
+  return g.leaf(op, make_tensor_desc(name, dtype, ne, int(s.size())));
+}
+TensorId input(Graph& g, const std::string& name, DType dtype, const Shape& s) {
+  return leaf(g, OpKind::Input, name, dtype, s);
+}
+TensorId weight(Graph& g, const std::string& name, DType dtype, const Shape& s) {
+  return leaf(g, OpKind::Weight, name, dtype, s);
+}
+
+class Catalog {
+ public:
+  explicit Catalog(bool large) : large_(large) {}
+
+  void add(std::string name, Graph g, std::vector<LeafFill> fills = {}) {
+    Case c;
+    c.name = std::move(name);
+    c.graph = std::move(g);
+    c.fills = std::move(fills);
+    c.threshold = threshold_for(c.graph, c.node());
+    cases_.push_back(std::move(c));
+  }
+  bool large() const { return large_; }
+  std::vector<Case> take() { return std::move(cases_); }
+
+ private:
+  bool large_;
+  std::vector<Case> cases_;
+};
+
+void copy_cases(Catalog& cat) {
+  for (DType src : kConvertible) {
+    for (DType dst : kConvertible) {
+      const bool q = quantized(src) || quantized(dst);
+      std::vector<Shape> shapes = q ? std::vector<Shape>{{32}, {96, 3}, {64, 5, 2}}
+                                    : std::vector<Shape>{{1}, {37, 3}, {33, 5, 2}};
+      if (cat.large()) shapes.push_back({4096, 64});
+      const std::string prefix = "copy/" + dt(src) + "_to_" + dt(dst) + "/";
+      for (const Shape& s : shapes) {
+        Graph g;
+        g.copy(input(g, "x", src, s), dst);
+        cat.add(prefix + dims(s), std::move(g));
+      }
+      if (q) continue;
+      {  // a transposed (strided) source
+        Graph g;
+        g.copy(g.transpose(input(g, "x", src, {5, 37})), dst);
+        cat.add(prefix + "transposed_37x5", std::move(g));
+      }
+      {  // a view with an offset and a row stride wider than its rows
+        Graph g;
+        const int64_t es = dtype_traits(src).block_bytes;
+        g.copy(g.view(input(g, "x", src, {40, 4}), {37, 3}, {es, 40 * es}, 2 * es), dst);
+        cat.add(prefix + "view_37x3_of_40x4", std::move(g));
+      }
+    }
+  }
+  for (DType d : {DType::I32, DType::I8}) {
+    const std::string prefix = "copy/" + dt(d) + "_to_" + dt(d) + "/";
+    for (const Shape& s : std::vector<Shape>{{1}, {37, 3}}) {
+      Graph g;
+      g.copy(input(g, "x", d, s), d);
+      cat.add(prefix + dims(s), std::move(g));
+    }
+    Graph g;
+    g.copy(g.transpose(input(g, "x", d, {5, 37})), d);
+    cat.add(prefix + "transposed_37x5", std::move(g));
+  }
+}
+
+void get_rows_cases(Catalog& cat) {
+  struct S {
+    int64_t width, rows, ids;
+  };
+  for (DType d : kConvertible) {
+    std::vector<S> shapes = quantized(d) ? std::vector<S>{{32, 5, 1}, {96, 11, 7}}
+                                         : std::vector<S>{{1, 5, 1}, {37, 11, 7}};
+    if (cat.large()) shapes.push_back({4096, 512, 33});
+    for (const S& s : shapes) {
+      Graph g;
+      TensorId table = weight(g, "table", d, {s.width, s.rows});
+      TensorId ids = input(g, "ids", DType::I32, {s.ids});
+      g.get_rows(table, ids);
+      cat.add("get_rows/" + dt(d) + "/" + std::to_string(s.width) + "x" + std::to_string(s.rows) +
+                  "_ids" + std::to_string(s.ids),
+              std::move(g), {{ids, Fill::RowIds, s.rows}});
+    }
+  }
+}
+
+void matmul_cases(Catalog& cat) {
+  struct S {
+    Shape a, b;
+  };
+  auto run = [&](DType d, const std::vector<S>& shapes) {
+    for (const S& s : shapes) {
+      Graph g;
+      g.matmul(weight(g, "a", d, s.a), input(g, "b", DType::F32, s.b));
+      cat.add(std::string(quantized(d) ? "quantized_matmul/" : "matmul/") + dt(d) + ".f32/a" +
+                  dims(s.a) + "_b" + dims(s.b),
+              std::move(g));
+    }
+  };
+  for (DType d : kFloat) {
+    std::vector<S> shapes{{{1, 1}, {1, 1}},          {{37, 17}, {37, 1}},
+                          {{37, 17}, {37, 5}},       {{130, 33}, {130, 9}},
+                          {{64, 16, 2}, {64, 5, 4}}, {{48, 7, 1, 1}, {48, 3, 3, 2}}};
+    if (cat.large()) {
+      shapes.push_back({{4096, 4096}, {4096, 1}});
+      shapes.push_back({{4096, 1024}, {4096, 17}});
+    }
+    run(d, shapes);
+  }
+  for (DType d : kQuantized) {
+    std::vector<S> shapes{{{32, 1}, {32, 1}},
+                          {{64, 17}, {64, 1}},
+                          {{96, 33}, {96, 5}},
+                          {{160, 7}, {160, 9}},
+                          {{64, 16, 2}, {64, 5, 4}}};
+    if (cat.large()) {
+      shapes.push_back({{4096, 4096}, {4096, 1}});
+      shapes.push_back({{4096, 1024}, {4096, 17}});
+    }
+    run(d, shapes);
+  }
+}
+
+void elementwise_cases(Catalog& cat) {
+  struct S {
+    Shape a, b;
+  };
+  std::vector<S> binary{{{1}, {1}},           {{37, 3}, {37, 3}}, {{37, 3, 2}, {37, 1, 1}},
+                        {{37, 3, 2}, {1, 3}}, {{37, 3}, {1}},     {{33, 5, 2, 3}, {33, 5, 1, 3}}};
+  if (cat.large()) binary.push_back({{4096, 64}, {4096}});
+  for (OpKind op : {OpKind::Add, OpKind::Mul}) {
+    for (const S& s : binary) {
+      Graph g;
+      TensorId a = input(g, "a", DType::F32, s.a), b = input(g, "b", DType::F32, s.b);
+      op == OpKind::Add ? g.add(a, b) : g.mul(a, b);
+      cat.add(std::string(op_name(op)) + "/f32/" + dims(s.a) + "_by_" + dims(s.b), std::move(g));
+    }
+  }
+  std::vector<Shape> unary{{1}, {37, 3}, {33, 5, 2}};
+  if (cat.large()) unary.push_back({4096, 64});
+  for (OpKind op : {OpKind::Scale, OpKind::Silu, OpKind::Gelu, OpKind::SwiGlu}) {
+    for (const Shape& s : unary) {
+      Graph g;
+      TensorId x = input(g, "x", DType::F32, s);
+      switch (op) {
+        case OpKind::Scale:
+          g.scale(x, 0.37f);
+          break;
+        case OpKind::Silu:
+          g.silu(x);
+          break;
+        case OpKind::Gelu:
+          g.gelu(x);
+          break;
+        default:
+          g.swiglu(x, input(g, "up", DType::F32, s));
+      }
+      cat.add(std::string(op_name(op)) + "/f32/" + dims(s), std::move(g));
+    }
+  }
+}
+
+void softmax_cases(Catalog& cat) {
+  for (const Shape& s : std::vector<Shape>{{1}, {37, 3}, {33, 5, 2}}) {
+    Graph g;
+    g.softmax(input(g, "x", DType::F32, s));
+    cat.add("softmax/f32/" + dims(s), std::move(g));
+  }
+  struct M {
+    Shape x, mask;
+    bool causal;
+    float scale;
+  };
+  std::vector<M> masked{{{37, 3}, {37, 3}, false, 0.125f},
+                        {{37, 3}, {37, 5}, false, 1.0f},
+                        {{37, 5, 4}, {37, 5}, true, 0.125f},
+                        {{1, 1}, {1, 1}, true, 1.0f}};
+  if (cat.large()) masked.push_back({{4096, 33}, {4096, 33}, true, 0.0884f});
+  for (const M& m : masked) {
+    Graph g;
+    TensorId x = input(g, "x", DType::F32, m.x), mask = input(g, "mask", DType::F32, m.mask);
+    g.softmax(x, mask, m.scale);
+    std::vector<LeafFill> fills;
+    if (m.causal) fills.push_back({mask, Fill::CausalMask, 0});
+    cat.add("softmax/f32/" + dims(m.x) + (m.causal ? "_causal_mask" : "_mask") + dims(m.mask),
+            std::move(g), fills);
+  }
+  if (cat.large()) {
+    Graph g;
+    g.softmax(input(g, "x", DType::F32, {4096, 33}));
+    cat.add("softmax/f32/4096x33", std::move(g));
+  }
+}
+
+void norm_cases(Catalog& cat) {
+  struct S {
+    Shape x;
+    int params;  // 0: none, 1: weight, 2: weight and bias (layer_norm only)
+    float eps;
+  };
+  std::vector<S> rms{{{1}, 0, 1e-5f}, {{37, 3}, 0, 1e-6f}, {{37, 3}, 1, 1e-5f}, {{33, 5, 2}, 1, 0}};
+  if (cat.large()) rms.push_back({{4096, 7}, 1, 1e-5f});
+  for (const S& s : rms) {
+    Graph g;
+    TensorId x = input(g, "x", DType::F32, s.x);
+    g.rms_norm(x, s.params ? weight(g, "w", DType::F32, {s.x[0]}) : kNoTensor, s.eps);
+    cat.add("rms_norm/f32/" + dims(s.x) + (s.params ? "_w" : ""), std::move(g));
+  }
+  std::vector<S> ln{{{2}, 0, 1e-5f},
+                    {{1}, 2, 1e-5f},
+                    {{37, 3}, 0, 1e-5f},
+                    {{37, 3}, 1, 1e-5f},
+                    {{33, 5, 2}, 2, 1e-6f}};
+  if (cat.large()) ln.push_back({{4096, 7}, 2, 1e-5f});
+  for (const S& s : ln) {
+    Graph g;
+    TensorId x = input(g, "x", DType::F32, s.x);
+    TensorId w = s.params >= 1 ? weight(g, "w", DType::F32, {s.x[0]}) : kNoTensor;
+    TensorId b = s.params >= 2 ? weight(g, "b", DType::F32, {s.x[0]}) : kNoTensor;
+    g.layer_norm(x, w, b, s.eps);
+    cat.add(
+        "layer_norm/f32/" + dims(s.x) + (s.params >= 1 ? "_w" : "") + (s.params >= 2 ? "_b" : ""),
+        std::move(g));
+  }
+}
+
+void rope_cases(Catalog& cat) {
+  struct S {
+    int64_t d, heads, tokens;
+    int32_t n_rot;
+    float base;
+    bool sequential;
+  };
+  std::vector<S> shapes{{2, 1, 1, 2, 10000.0f, false},
+                        {64, 3, 5, 64, 10000.0f, false},
+                        {64, 3, 5, 32, 10000.0f, true},
+                        {80, 5, 7, 80, 500000.0f, false},
+                        {6, 1, 3, 4, 10000.0f, true}};
+  if (cat.large()) shapes.push_back({128, 32, 33, 128, 500000.0f, true});
+  for (const S& s : shapes) {
+    Graph g;
+    TensorId x = input(g, "x", DType::F32, {s.d, s.heads, s.tokens});
+    TensorId pos = input(g, "pos", DType::I32, {s.tokens});
+    g.rope(x, pos, s.n_rot, s.base);
+    cat.add("rope/f32.i32/" + dims({s.d, s.heads, s.tokens}) + "_rot" + std::to_string(s.n_rot) +
+                "_base" + std::to_string(int64_t(s.base)),
+            std::move(g),
+            {{pos, s.sequential ? Fill::SequentialPositions : Fill::RandomPositions, 4096}});
+  }
+}
+
+void attention_cases(Catalog& cat) {
+  struct S {
+    int64_t d, hq, hkv, tokens, context;
+    bool sequential;
+  };
+  std::vector<S> shapes{{4, 1, 1, 1, 1, true},
+                        {64, 8, 2, 5, 37, true},
+                        {64, 8, 2, 5, 37, false},
+                        {64, 4, 4, 33, 40, true},
+                        {80, 6, 3, 1, 77, true}};
+  if (cat.large()) {
+    shapes.push_back({128, 32, 8, 1, 1024, true});
+    shapes.push_back({128, 32, 8, 64, 256, true});
+  }
+  for (DType kv : kCacheTypes) {
+    for (const S& s : shapes) {
+      Graph g;
+      TensorId q = input(g, "q", DType::F32, {s.d, s.hq, s.tokens});
+      TensorId k = leaf(g, OpKind::KvCache, "k", kv, {s.d, s.hkv, s.context});
+      TensorId v = leaf(g, OpKind::KvCache, "v", kv, {s.d, s.hkv, s.context});
+      TensorId pos = input(g, "pos", DType::I32, {s.tokens});
+      g.attention(q, k, v, pos, float(1.0 / std::sqrt(double(s.d))));
+      cat.add("attention/f32." + dt(kv) + "/d" + std::to_string(s.d) + "_hq" +
+                  std::to_string(s.hq) + "_hkv" + std::to_string(s.hkv) + "_t" +
+                  std::to_string(s.tokens) + "_c" + std::to_string(s.context) +
+                  (s.sequential ? "" : "_scattered"),
+              std::move(g),
+              {{pos, s.sequential ? Fill::SequentialPositions : Fill::RandomPositions, s.context}});
+    }
+  }
+}
+
+void dequantize_cases(Catalog& cat) {
+  for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
+    std::vector<Shape> shapes = quantized(d) ? std::vector<Shape>{{32}, {96, 3}, {64, 5, 2}}
+                                             : std::vector<Shape>{{1}, {37, 3}, {33, 5, 2}};
+    if (cat.large()) shapes.push_back({4096, 64});
+    for (const Shape& s : shapes) {
+      Graph g;
+      g.dequantize(weight(g, "x", d, s));
+      cat.add("dequantize/" + dt(d) + "/" + dims(s), std::move(g));
+    }
+  }
+}
+
+void kv_write_cases(Catalog& cat) {
+  struct S {
+    int64_t d, hkv, context, tokens;
+  };
+  std::vector<S> shapes{{4, 1, 1, 1}, {64, 2, 37, 5}, {80, 3, 77, 1}, {6, 1, 9, 9}};
+  if (cat.large()) shapes.push_back({128, 8, 1024, 33});
+  for (DType kv : kCacheTypes) {
+    for (const S& s : shapes) {
+      Graph g;
+      TensorId cache = leaf(g, OpKind::KvCache, "cache", kv, {s.d, s.hkv, s.context});
+      TensorId src = input(g, "src", DType::F32, {s.d, s.hkv, s.tokens});
+      TensorId pos = input(g, "pos", DType::I32, {s.tokens});
+      g.kv_write(cache, src, pos);
+      cat.add("kv_write/" + dt(kv) + ".f32.i32/d" + std::to_string(s.d) + "_hkv" +
+                  std::to_string(s.hkv) + "_c" + std::to_string(s.context) + "_t" +
+                  std::to_string(s.tokens),
+              std::move(g), {{pos, Fill::SequentialPositions, s.context}});
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<Case> all_cases(bool large) {
+  Catalog cat(large);
+  copy_cases(cat);
+  get_rows_cases(cat);
+  matmul_cases(cat);
+  elementwise_cases(cat);
+  softmax_cases(cat);
+  norm_cases(cat);
+  rope_cases(cat);
+  attention_cases(cat);
+  dequantize_cases(cat);
+  kv_write_cases(cat);
+  return cat.take();
+}
+
+}  // namespace tandem::conformance

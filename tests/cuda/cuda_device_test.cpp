@@ -1,0 +1,192 @@
+// The CUDA backend's device side: discovery, allocator, out-of-memory recovery, copies,
+// device-lost marking and CUDA graph capture/replay.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+#include "cuda_check.h"
+#include "cuda_test_util.h"
+#include "tandem/error.h"
+#include "tandem/registry.h"
+
+namespace tandem::test {
+namespace {
+
+TEST(CudaDevice, StickyErrorsAreClassifiedWithoutAGpu) {
+  // Pure logic: runs everywhere, so CI without a GPU still checks the lost-device rule.
+  EXPECT_TRUE(cuda::is_sticky_error(cudaErrorIllegalAddress));
+  EXPECT_TRUE(cuda::is_sticky_error(cudaErrorLaunchFailure));
+  EXPECT_FALSE(cuda::is_sticky_error(cudaErrorMemoryAllocation));
+  EXPECT_FALSE(cuda::is_sticky_error(cudaErrorInvalidValue));
+}
+
+TEST(CudaDevice, AllocatorSizeClassesBoundWaste) {
+  for (size_t n : {size_t(1), size_t(511), size_t(513), size_t(4097), size_t(1) << 20,
+                   (size_t(1) << 30) + 1}) {
+    const size_t c = cuda::CachingAllocator::size_class(n);
+    EXPECT_GE(c, n);
+    EXPECT_LE(c, std::max<size_t>(512, n + n / 4 + 512)) << n;
+  }
+}
+
+TEST(CudaDevice, DiscoveryReportsIdentityMemoryAndFeatures) {
+  TANDEM_REQUIRE_GPU(backend);
+  EXPECT_EQ(backend->backend_id(), "cuda:0");
+  EXPECT_EQ(backend->kind(), BackendKind::Gpu);
+  EXPECT_FALSE(backend->host_accessible());
+  EXPECT_FALSE(backend->lost());
+  const MemoryInfo mem = backend->memory();
+  EXPECT_GT(mem.total_bytes, size_t(1) << 30);
+  EXPECT_LE(mem.free_bytes, mem.total_bytes);
+  bool has_sm = false;
+  for (const auto& f : backend->features()) has_sm |= f.rfind("sm_", 0) == 0;
+  EXPECT_TRUE(has_sm);
+  const auto ids = available_backend_ids();
+  EXPECT_NE(std::find(ids.begin(), ids.end(), "cuda:0"), ids.end());
+  EXPECT_EQ(create_backend("cuda:0")->backend_id(), "cuda:0");
+  EXPECT_THROW(create_backend("cuda:99"), Error);
+}
+
+TEST(CudaDevice, CopiesRoundTripSmallAndLarge) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (size_t bytes : {size_t(1), size_t(4096) + 3, size_t(9) << 20, size_t(40) << 20}) {
+    std::vector<uint8_t> src(bytes), back(bytes, 0);
+    for (size_t i = 0; i < bytes; ++i) src[i] = uint8_t((i * 131 + test_seed()) & 0xff);
+    Buffer a = backend->allocate(bytes), b = backend->allocate(bytes);
+    backend->copy_from_host(a.data(), src.data(), bytes);
+    backend->copy_within(b.data(), a.data(), bytes);
+    backend->copy_to_host(back.data(), b.data(), bytes);
+    EXPECT_EQ(src, back) << bytes << " bytes";
+  }
+}
+
+TEST(CudaDevice, FreedBlocksAreCachedAndReused) {
+  TANDEM_REQUIRE_GPU(backend);
+  void* first = nullptr;
+  {
+    Buffer b = backend->allocate(3 << 20);
+    first = b.data();
+  }
+  EXPECT_GE(backend->cached_bytes(), size_t(3) << 20);
+  Buffer again = backend->allocate(3 << 20);
+  EXPECT_EQ(again.data(), first);
+}
+
+TEST(CudaDevice, OutOfMemoryIsTypedAndTheProcessKeepsWorking) {
+  TANDEM_REQUIRE_GPU(backend);
+  const size_t too_much = backend->memory().total_bytes + (size_t(1) << 30);
+  try {
+    Buffer b = backend->allocate(too_much);
+    FAIL() << "allocating " << too_much << " bytes succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::OutOfMemory) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(backend->lost());
+  std::vector<float> src(1000), back(1000);
+  std::iota(src.begin(), src.end(), 1.0f);
+  Buffer b = backend->allocate(src.size() * 4);
+  backend->copy_from_host(b.data(), src.data(), src.size() * 4);
+  backend->copy_to_host(back.data(), b.data(), src.size() * 4);
+  EXPECT_EQ(src, back);
+}
+
+TEST(CudaDevice, RefusesWhatItDoesNotDeclare) {
+  TANDEM_REQUIRE_GPU(backend);
+  Graph g;
+  TensorId x = g.input("x", DType::F32, {64, 4});
+  TensorId v = g.reshape(x, {256});
+  CapabilityCheck c = backend->check(g, g.node(v));
+  EXPECT_EQ(c.reason, RejectReason::UnsupportedOp) << c.detail;
+  TensorId y = g.silu(x);
+  EXPECT_TRUE(backend->can_execute(g, g.node(y)));
+}
+
+TEST(CudaDevice, BadRowIdIsATypedErrorAtSynchronize) {
+  TANDEM_REQUIRE_GPU(backend);
+  Graph g;
+  TensorId table = g.weight("table", DType::F32, {16, 10});
+  TensorId ids = g.input("ids", DType::I32, {3});
+  g.mark_output(g.get_rows(table, ids));
+  GraphRunner run(g, *backend);
+  std::mt19937 rng(test_seed());
+  run.set(table, random_leaf(g.tensor(table), rng));
+  run.set(ids, ints_bytes({1, 42, 3}));
+  try {
+    run.run();
+    FAIL() << "row id 42 of 10 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+  }
+  EXPECT_FALSE(backend->lost());
+  run.set(ids, ints_bytes({1, 2, 3}));
+  EXPECT_NO_THROW(run.run());
+}
+
+TEST(CudaDevice, SegmentIsCapturedOnceThenReplayed) {
+  TANDEM_REQUIRE_GPU(backend);
+  Graph g;
+  TensorId x = g.input("x", DType::F32, {300, 7});
+  TensorId w = g.weight("w", DType::F32, {300});
+  TensorId y = g.silu(g.scale(g.rms_norm(x, w, 1e-5f), 0.5f));
+  g.mark_output(y);
+  GraphRunner run(g, *backend);
+  std::mt19937 rng(test_seed());
+  const auto before = backend->graph_stats();
+  run.set(w, random_leaf(g.tensor(w), rng));
+  for (int step = 0; step < 3; ++step) {
+    // New data in the same buffers: a replay must see it.
+    const Bytes xs = random_leaf(g.tensor(x), rng);
+    run.set(x, xs);
+    run.run(true, 1234);
+    GraphRunner ref_check(g, *backend);
+    ref_check.set(x, xs);
+    ref_check.set(w, run.get(w));
+    ref_check.run(false);
+    EXPECT_LT(nmse(to_floats(g.tensor(y), ref_check.get(y)), to_floats(g.tensor(y), run.get(y))),
+              1e-12)
+        << "step " << step << " seed " << test_seed();
+  }
+  const auto after = backend->graph_stats();
+  EXPECT_EQ(after.captures - before.captures, 1);
+  EXPECT_EQ(after.replays - before.replays, 2);
+  // Other pointers under the same signature: the instantiated graph is updated, not rebuilt.
+  GraphRunner other(g, *backend);
+  other.set(x, random_leaf(g.tensor(x), rng));
+  other.set(w, random_leaf(g.tensor(w), rng));
+  other.run(true, 1234);
+  const auto updated = backend->graph_stats();
+  EXPECT_EQ(updated.updates + updated.captures - after.updates - after.captures, 1);
+}
+
+// A poisoned context cannot be recovered in-process, so this runs in a fresh child process
+// (gtest's threadsafe death-test style re-executes the binary for this test alone).
+TEST(CudaDeviceDeathTest, KernelFaultMarksTheDeviceLost) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        CudaBackend fresh(0);
+        int code = 1;
+        try {
+          fresh.inject_fault_for_testing();
+        } catch (const Error& e) {
+          code = e.code() == ErrorCode::DeviceLost && fresh.lost() ? 0 : 2;
+          if (code == 0) {
+            try {
+              (void)fresh.allocate(16);
+              code = 3;  // a lost device must refuse work
+            } catch (const Error& again) {
+              code = again.code() == ErrorCode::DeviceLost ? 0 : 4;
+            }
+          }
+        }
+        std::_Exit(code);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace tandem::test

@@ -1,0 +1,271 @@
+// Every CUDA kernel against the reference backend by NMSE, with fresh random inputs.
+#include <gtest/gtest.h>
+
+#include "cuda_test_util.h"
+
+namespace tandem::test {
+namespace {
+
+constexpr double kExact = 1e-7, kSoftmax = 1e-6, kMatmul = 5e-4, kRope = 1e-3;
+
+void expect_close(const Comparison& c, double limit, const std::string& what) {
+  ASSERT_FALSE(c.nmse.empty()) << what << ": no outputs";
+  for (size_t i = 0; i < c.nmse.size(); ++i) {
+    EXPECT_LE(c.nmse[i], limit) << what << " output " << i << " nmse " << c.nmse[i] << " seed "
+                                << test_seed();
+  }
+}
+
+std::vector<int32_t> iota_from(int32_t start, int n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[size_t(i)] = start + i;
+  return v;
+}
+
+TEST(CudaOps, BinaryWithBroadcast) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (auto [bshape, name] : std::vector<std::pair<std::vector<int64_t>, const char*>>{
+           {{37, 5, 3}, "same"}, {{37}, "row"}, {{37, 1, 3}, "general"}, {{1, 5, 1}, "column"}}) {
+    Graph g;
+    TensorId a = g.input("a", DType::F32, {37, 5, 3});
+    TensorId b = bshape.size() == 1 ? g.input("b", DType::F32, {bshape[0]})
+                                    : g.input("b", DType::F32, {bshape[0], bshape[1], bshape[2]});
+    g.mark_output(g.add(a, b));
+    g.mark_output(g.mul(a, b));
+    expect_close(compare_with_reference(g, *backend), kExact, name);
+  }
+}
+
+TEST(CudaOps, UnaryAndSwiGlu) {
+  TANDEM_REQUIRE_GPU(backend);
+  Graph g;
+  TensorId x = g.input("x", DType::F32, {1000, 3});
+  TensorId u = g.input("u", DType::F32, {1000, 3});
+  g.mark_output(g.scale(x, -2.5f));
+  g.mark_output(g.silu(x));
+  g.mark_output(g.gelu(x));
+  g.mark_output(g.swiglu(x, u));
+  expect_close(compare_with_reference(g, *backend), kExact, "unary");
+}
+
+TEST(CudaOps, SoftmaxWithAndWithoutMask) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (int64_t n : {1, 33, 1000, 5000}) {
+    Graph g;
+    TensorId x = g.input("x", DType::F32, {n, 6, 2});
+    TensorId mask = g.input("mask", DType::F32, {n, 6});
+    g.mark_output(g.softmax(x));
+    g.mark_output(g.softmax(x, mask, 0.125f));
+    expect_close(compare_with_reference(g, *backend), kSoftmax, "softmax n=" + std::to_string(n));
+  }
+}
+
+TEST(CudaOps, Norms) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (int64_t n : {37, 4096}) {
+    Graph g;
+    TensorId x = g.input("x", DType::F32, {n, 5});
+    TensorId w = g.weight("w", DType::F32, {n});
+    TensorId b = g.weight("b", DType::F32, {n});
+    g.mark_output(g.rms_norm(x, w, 1e-5f));
+    g.mark_output(g.rms_norm(x, kNoTensor, 1e-6f));
+    g.mark_output(g.layer_norm(x, w, b, 1e-5f));
+    g.mark_output(g.layer_norm(x, kNoTensor, kNoTensor, 1e-5f));
+    expect_close(compare_with_reference(g, *backend), kExact, "norm n=" + std::to_string(n));
+  }
+}
+
+TEST(CudaOps, Rope) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (int n_rot : {128, 64}) {
+    Graph g;
+    TensorId x = g.input("x", DType::F32, {128, 8, 5});
+    TensorId pos = g.input("pos", DType::I32, {5});
+    g.mark_output(g.rope(x, pos, n_rot, 500000.0f));
+    expect_close(compare_with_reference(g, *backend, {{pos, ints_bytes({0, 1, 77, 4000, 8191})}}),
+                 kRope, "rope n_rot=" + std::to_string(n_rot));
+  }
+}
+
+TEST(CudaOps, GetRowsEveryTableType) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+    Graph g;
+    TensorId table = g.weight("table", d, {96, 11});
+    TensorId ids = g.input("ids", DType::I32, {4});
+    g.mark_output(g.get_rows(table, ids));
+    expect_close(compare_with_reference(g, *backend, {{ids, ints_bytes({10, 0, 3, 3})}}), kExact,
+                 std::string("get_rows ") + std::string(dtype_name(d)));
+  }
+}
+
+TEST(CudaOps, CopyCastQuantizeDequantize) {
+  TANDEM_REQUIRE_GPU(backend);
+  const DType floats[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+  for (DType from : floats)
+    for (DType to : floats) {
+      Graph g;
+      TensorId x = g.input("x", from, {64, 7});
+      g.mark_output(g.copy(x, to));
+      expect_close(compare_with_reference(g, *backend), kExact,
+                   "copy " + std::string(dtype_name(from)) + "->" + std::string(dtype_name(to)));
+    }
+  {
+    Graph g;  // strided input (transposed view)
+    TensorId x = g.input("x", DType::F32, {13, 9, 2});
+    g.mark_output(g.copy(g.transpose(x), DType::F32));
+    g.mark_output(g.copy(g.permute(x, {2, 0, 1, 3}), DType::F16));
+    expect_close(compare_with_reference(g, *backend), kExact, "strided copy");
+  }
+  {
+    Graph g;
+    TensorId x = g.input("x", DType::I32, {5, 3});
+    TensorId y = g.input("y", DType::I8, {5, 3});
+    g.mark_output(g.copy(g.transpose(x), DType::I32));
+    g.mark_output(g.copy(y, DType::I8));
+    expect_close(compare_with_reference(g, *backend), 0.0, "integer copy");
+  }
+  for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
+    Graph g;
+    TensorId x = g.weight("x", d, {96, 5});
+    g.mark_output(g.dequantize(x));
+    expect_close(compare_with_reference(g, *backend), kExact,
+                 "dequantize " + std::string(dtype_name(d)));
+  }
+}
+
+TEST(CudaOps, MatMulEveryWeightType) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType d : {DType::F32, DType::F16, DType::BF16}) {
+    for (auto [k, m, n] : {std::tuple{64, 48, 1}, {256, 300, 17}, {1000, 33, 64}}) {
+      Graph g;
+      TensorId a = g.weight("a", d, {k, m});
+      TensorId b = g.input("b", DType::F32, {k, n});
+      g.mark_output(g.matmul(a, b));
+      expect_close(compare_with_reference(g, *backend), kMatmul,
+                   "matmul " + std::string(dtype_name(d)) + " " + std::to_string(k) + "x" +
+                       std::to_string(m) + "x" + std::to_string(n));
+    }
+    Graph g;  // batched, with a broadcast over b's batch
+    TensorId a = g.weight("a", d, {64, 40, 2});
+    TensorId b = g.input("b", DType::F32, {64, 5, 4});
+    TensorId a1 = g.weight("a1", d, {64, 40});
+    g.mark_output(g.matmul(a, b));
+    g.mark_output(g.matmul(a1, b));
+    expect_close(compare_with_reference(g, *backend), kMatmul,
+                 "batched matmul " + std::string(dtype_name(d)));
+  }
+}
+
+TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType d : {DType::Q4_0, DType::Q8_0}) {
+    // K % 64 == 0 takes the staged matrix-vector kernel; K = 96 the generic one; N > 8 GEMM.
+    for (auto [k, m, n] : {std::tuple{256, 129, 1},
+                           {4096, 64, 3},
+                           {2048, 37, 8},
+                           {96, 50, 2},
+                           {512, 200, 9},
+                           {1024, 256, 64}}) {
+      Graph g;
+      TensorId a = g.weight("a", d, {k, m});
+      TensorId b = g.input("b", DType::F32, {k, n});
+      g.mark_output(g.matmul(a, b));
+      expect_close(compare_with_reference(g, *backend), kMatmul,
+                   "quantized matmul " + std::string(dtype_name(d)) + " " + std::to_string(k) +
+                       "x" + std::to_string(m) + "x" + std::to_string(n));
+    }
+    Graph g;  // batched b over one weight matrix
+    TensorId a = g.weight("a", d, {128, 24});
+    TensorId b = g.input("b", DType::F32, {128, 2, 3});
+    g.mark_output(g.matmul(a, b));
+    expect_close(compare_with_reference(g, *backend), kMatmul, "batched quantized matvec");
+  }
+}
+
+void attention_case(CudaBackend& backend, DType cache, int64_t d, int64_t hq, int64_t hkv,
+                    int64_t ctx, std::vector<int32_t> positions) {
+  const auto t = int64_t(positions.size());
+  Graph g;
+  TensorId q = g.input("q", DType::F32, {d, hq, t});
+  TensorId k = g.kv_cache("k", cache, {d, hkv, ctx});
+  TensorId v = g.kv_cache("v", cache, {d, hkv, ctx});
+  TensorId pos = g.input("pos", DType::I32, {t});
+  g.mark_output(g.attention(q, k, v, pos, 1.0f / std::sqrt(float(d))));
+  expect_close(compare_with_reference(g, backend, {{pos, ints_bytes(positions)}}), kMatmul,
+               "attention " + std::string(dtype_name(cache)) + " D=" + std::to_string(d) +
+                   " Hq=" + std::to_string(hq) + " Hkv=" + std::to_string(hkv) +
+                   " C=" + std::to_string(ctx) + " T=" + std::to_string(t));
+}
+
+TEST(CudaOps, AttentionPrefillAndDecode) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType cache : {DType::F32, DType::F16}) {
+    attention_case(*backend, cache, 64, 8, 2, 16, iota_from(0, 7));        // prefill
+    attention_case(*backend, cache, 128, 32, 8, 1000, {999});              // split decode
+    attention_case(*backend, cache, 128, 32, 8, 4096, {17});               // short context
+    attention_case(*backend, cache, 80, 24, 2, 300, {5, 299, 150});        // odd dim, group 12
+    attention_case(*backend, cache, 32, 4, 4, 2048, iota_from(1000, 40));  // MHA, long prefill
+    attention_case(*backend, cache, 256, 16, 4, 64, {63, 0});              // largest dim
+  }
+}
+
+TEST(CudaOps, KvWriteThenAttention) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType cache : {DType::F32, DType::F16}) {
+    Graph g;
+    TensorId k = g.kv_cache("k", cache, {64, 2, 32});
+    TensorId v = g.kv_cache("v", cache, {64, 2, 32});
+    TensorId src_k = g.input("src_k", DType::F32, {64, 2, 3});
+    TensorId src_v = g.input("src_v", DType::F32, {64, 2, 3});
+    TensorId q = g.input("q", DType::F32, {64, 4, 3});
+    TensorId pos = g.input("pos", DType::I32, {3});
+    TensorId k2 = g.kv_write(k, src_k, pos);
+    TensorId v2 = g.kv_write(v, src_v, pos);
+    g.mark_output(k2);
+    g.mark_output(g.attention(q, k2, v2, pos, 0.125f));
+    for (bool segment : {false, true}) {
+      expect_close(compare_with_reference(g, *backend, {{pos, ints_bytes({20, 21, 22})}}, segment),
+                   kMatmul, std::string("kv_write ") + std::string(dtype_name(cache)));
+    }
+  }
+}
+
+TEST(CudaOps, TransformerBlockAsOneSegment) {
+  TANDEM_REQUIRE_GPU(backend);
+  // A small decode block with every op family, run as one captured segment twice.
+  const int64_t dim = 256, ff = 512, hd = 64, hq = 4, hkv = 2, ctx = 64, t = 2;
+  Graph g;
+  TensorId ids = g.input("ids", DType::I32, {t});
+  TensorId pos = g.input("pos", DType::I32, {t});
+  TensorId emb = g.weight("emb", DType::Q8_0, {dim, 10});
+  TensorId wq = g.weight("wq", DType::Q4_0, {dim, hq * hd});
+  TensorId wk = g.weight("wk", DType::Q4_0, {dim, hkv * hd});
+  TensorId wv = g.weight("wv", DType::F16, {dim, hkv * hd});
+  TensorId wg = g.weight("wg", DType::Q8_0, {dim, ff});
+  TensorId wu = g.weight("wu", DType::Q8_0, {dim, ff});
+  TensorId wd = g.weight("wd", DType::BF16, {ff, dim});
+  TensorId norm = g.weight("norm", DType::F32, {dim});
+  TensorId kc = g.kv_cache("kc", DType::F16, {hd, hkv, ctx});
+  TensorId vc = g.kv_cache("vc", DType::F16, {hd, hkv, ctx});
+  TensorId x = g.get_rows(emb, ids);
+  TensorId h = g.rms_norm(x, norm, 1e-5f);
+  TensorId qh = g.rope(g.reshape(g.matmul(wq, h), {hd, hq, t}), pos, hd, 10000.0f);
+  TensorId kh = g.rope(g.reshape(g.matmul(wk, h), {hd, hkv, t}), pos, hd, 10000.0f);
+  TensorId vh = g.reshape(g.matmul(wv, h), {hd, hkv, t});
+  TensorId k2 = g.kv_write(kc, kh, pos);
+  TensorId v2 = g.kv_write(vc, vh, pos);
+  TensorId att = g.reshape(g.attention(qh, k2, v2, pos, 0.125f), {dim, t});
+  TensorId x2 = g.add(x, att);
+  TensorId h2 = g.rms_norm(x2, norm, 1e-5f);
+  TensorId f = g.matmul(wd, g.swiglu(g.matmul(wg, h2), g.matmul(wu, h2)));
+  g.mark_output(g.add(x2, f));
+  for (int rep = 0; rep < 2; ++rep) {
+    expect_close(compare_with_reference(
+                     g, *backend, {{ids, ints_bytes({3, 7})}, {pos, ints_bytes({30, 31})}}, true),
+                 kMatmul, "block");
+  }
+}
+
+}  // namespace
+}  // namespace tandem::test

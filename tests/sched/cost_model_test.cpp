@@ -1,0 +1,210 @@
+// The cost model: FLOP and byte counts checked by hand for every op, the time formula, and the
+// JSON overrides.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "tandem/cost_model.h"
+#include "tandem/error.h"
+
+namespace tandem {
+namespace {
+
+struct Expect {
+  double flops;
+  double bytes;
+  DTypeClass cls;
+};
+
+void expect_work(const Graph& g, TensorId id, Expect e) {
+  OpWork w = op_work(g, g.node(id));
+  EXPECT_DOUBLE_EQ(w.flops, e.flops) << op_name(g.node(id).op);
+  EXPECT_DOUBLE_EQ(w.bytes, e.bytes) << op_name(g.node(id).op);
+  EXPECT_EQ(w.dtype_class, e.cls) << op_name(g.node(id).op);
+}
+
+constexpr auto F32 = DTypeClass::F32;
+
+TEST(CostModel, ExactWorkForEveryOp) {
+  Graph g;
+  // x: f32 [64, 5] = 1280 bytes
+  TensorId x = g.input("x", DType::F32, {64, 5});
+  TensorId y = g.input("y", DType::F32, {64, 5});
+  TensorId row = g.input("row", DType::F32, {64, 1});
+  TensorId w64 = g.weight("w64", DType::F32, {64});
+  TensorId b64 = g.weight("b64", DType::F32, {64});
+
+  // Copy: one conversion per element only when the dtype changes.
+  expect_work(g, g.copy(x, DType::F16), {320, 1280 + 640, F32});
+  expect_work(g, g.copy(x, DType::F32), {0, 2560, F32});
+  // GetRows: ids + the selected rows only + output. table f16 [64, 10], 3 ids.
+  TensorId table = g.weight("table", DType::F16, {64, 10});
+  TensorId ids = g.input("ids", DType::I32, {3});
+  expect_work(g, g.get_rows(table, ids), {0, 12 + 3 * 128 + 3 * 256, DTypeClass::F16});
+  // MatMul: 2*K*M*N. a f16 [64, 32] (4096 B), b f32 [64, 5] (1280 B), out f32 [32, 5] (640 B).
+  TensorId a16 = g.weight("a16", DType::F16, {64, 32});
+  expect_work(g, g.matmul(a16, x), {2.0 * 64 * 32 * 5, 4096 + 1280 + 640, DTypeClass::F16});
+  // QuantizedMatMul: q8_0 [64, 32] = 32 rows * 2 blocks * 34 B = 2176 B.
+  TensorId a8 = g.weight("a8", DType::Q8_0, {64, 32});
+  TensorId qmm = g.matmul(a8, x);
+  EXPECT_EQ(g.node(qmm).op, OpKind::QuantizedMatMul);
+  expect_work(g, qmm, {2.0 * 64 * 32 * 5, 2176 + 1280 + 640, DTypeClass::Quantized});
+  // Batched matmul: b [64, 5, 3] against a [64, 32, 1] -> 3 batches.
+  TensorId xb = g.input("xb", DType::F32, {64, 5, 3});
+  TensorId a32 = g.weight("a32", DType::F32, {64, 32});
+  expect_work(g, g.matmul(a32, xb), {2.0 * 64 * 32 * 5 * 3, 8192 + 3840 + 1920, F32});
+  // Element-wise: Add/Mul/Scale 1, Silu 4, Gelu 8, SwiGlu 5 per element.
+  expect_work(g, g.add(x, row), {320, 1280 + 256 + 1280, F32});
+  expect_work(g, g.mul(x, y), {320, 3840, F32});
+  expect_work(g, g.scale(x, 0.5f), {320, 2560, F32});
+  expect_work(g, g.silu(x), {4 * 320, 2560, F32});
+  expect_work(g, g.gelu(x), {8 * 320, 2560, F32});
+  expect_work(g, g.swiglu(x, y), {5 * 320, 3840, F32});
+  // Softmax: 6 per element, 7 with a mask.
+  expect_work(g, g.softmax(x), {6 * 320, 2560, F32});
+  expect_work(g, g.softmax(x, y, 0.5f), {7 * 320, 3840, F32});
+  // Norms: RmsNorm 3 (+1 with weight), LayerNorm 5 (+1 weight, +1 bias) per element.
+  expect_work(g, g.rms_norm(x, kNoTensor, 1e-5f), {3 * 320, 2560, F32});
+  expect_work(g, g.rms_norm(x, w64, 1e-5f), {4 * 320, 2560 + 256, F32});
+  expect_work(g, g.layer_norm(x, w64, b64, 1e-5f), {7 * 320, 2560 + 512, F32});
+  expect_work(g, g.layer_norm(x, kNoTensor, kNoTensor, 1e-5f), {5 * 320, 2560, F32});
+  // Rope: 6 per rotated pair: 3 * n_rot * rows. x [16, 4, 5], n_rot 8 -> rows 20.
+  TensorId xr = g.input("xr", DType::F32, {16, 4, 5});
+  TensorId pos = g.input("pos", DType::I32, {5});
+  expect_work(g, g.rope(xr, pos, 8, 10000.0f), {3.0 * 8 * 20, 1280 + 20 + 1280, F32});
+  // Attention: Hq*T*C*(4D + 5). q [16, 4, 2], caches f32 [16, 2, 8].
+  TensorId q = g.input("q", DType::F32, {16, 4, 2});
+  TensorId kc = g.kv_cache("k", DType::F32, {16, 2, 8});
+  TensorId vc = g.kv_cache("v", DType::F32, {16, 2, 8});
+  TensorId pos2 = g.input("pos2", DType::I32, {2});
+  expect_work(g, g.attention(q, kc, vc, pos2, 0.25f),
+              {4.0 * 2 * 8 * (4 * 16 + 5), 512 + 1024 + 1024 + 8 + 512, F32});
+  // Dequantize: one multiply per element. q4_0 [64, 3] = 3 * 2 * 18 = 108 B.
+  TensorId q4 = g.weight("q4", DType::Q4_0, {64, 3});
+  expect_work(g, g.dequantize(q4), {192, 108 + 768, DTypeClass::Quantized});
+  // KvWrite: src + positions + the T written rows (f16 cache: 3 tokens * 32 * 2 B).
+  TensorId kh = g.kv_cache("kh", DType::F16, {16, 2, 8});
+  TensorId src = g.input("src", DType::F32, {16, 2, 3});
+  TensorId pos3 = g.input("pos3", DType::I32, {3});
+  expect_work(g, g.kv_write(kh, src, pos3), {0, 384 + 12 + 192, F32});
+  // Leaves and metadata do no work.
+  expect_work(g, x, {0, 0, F32});
+  expect_work(g, g.reshape(x, {320}), {0, 0, F32});
+  expect_work(g, g.transpose(x), {0, 0, F32});
+}
+
+TEST(CostModel, EstimateFollowsTheFormula) {
+  Graph g;
+  TensorId x = g.input("x", DType::F32, {256, 4});
+  TensorId w = g.weight("w", DType::F32, {256, 256});
+  TensorId y = g.matmul(w, x);
+  BackendProfile p;
+  p.peak_gflops = {100.0, 200.0, 400.0};
+  p.memory_bandwidth_gbs = 10.0;
+  p.launch_us = 1.0;
+  p.link = {10.0, 2.0};
+  // flops 524288 -> 5.24288 us; bytes 262144 + 4096 + 4096 = 270336 -> 27.0336 us (bound).
+  OpCost c = CostModel::estimate(g, g.node(y), p);
+  EXPECT_DOUBLE_EQ(c.compute_us, 27.0336 + 1.0);
+  EXPECT_DOUBLE_EQ(c.transfer_us, 0.0);
+  EXPECT_EQ(c.memory_bytes, 262144u + 4096u + 4096u);
+  // The weight one hop away, the input two hops: bytes / 10 GB/s + 2 us per hop.
+  const uint8_t hops[] = {1, 2};
+  c = CostModel::estimate(g, g.node(y), p, hops);
+  EXPECT_NEAR(c.transfer_us, (26.2144 + 2.0) + 2 * (0.4096 + 2.0), 1e-9);
+  // Compute bound: make memory fast.
+  p.memory_bandwidth_gbs = 1e6;
+  c = CostModel::estimate(g, g.node(y), p);
+  EXPECT_NEAR(c.compute_us, 5.24288 + 1.0, 1e-9);
+  // A repeated input counts once.
+  TensorId sq = g.mul(x, x);
+  const uint8_t both[] = {1, 1};
+  c = CostModel::estimate(g, g.node(sq), p, both);
+  EXPECT_NEAR(c.transfer_us, 0.4096 + 2.0, 1e-9);
+  EXPECT_EQ(c.memory_bytes, 4096u + 4096u);
+  // Leaves cost nothing.
+  EXPECT_EQ(CostModel::estimate(g, g.node(x), p).total_us(), 0.0);
+}
+
+TEST(CostModel, DefaultsAndLookupOrder) {
+  CostModel m;
+  BackendProfile cpu = m.profile("cpu", BackendKind::Cpu);
+  EXPECT_EQ(cpu.peak_gflops[0], kDefaultCpuF32Gflops);
+  EXPECT_EQ(cpu.memory_bandwidth_gbs, kDefaultCpuBandwidthGbs);
+  BackendProfile gpu = m.profile("cuda:0", BackendKind::Gpu);
+  EXPECT_EQ(gpu.memory_bandwidth_gbs, kDefaultGpuBandwidthGbs);
+  EXPECT_EQ(gpu.link.bandwidth_gbs, kDefaultLinkBandwidthGbs);
+  BackendProfile p = gpu;
+  p.launch_us = 42;
+  m.set_profile("gpu", p);
+  EXPECT_EQ(m.profile("cuda:1", BackendKind::Gpu).launch_us, 42);
+  p.launch_us = 7;
+  m.set_profile("cuda:1", p);
+  EXPECT_EQ(m.profile("cuda:1", BackendKind::Gpu).launch_us, 7);
+  EXPECT_EQ(m.profile("cuda:0", BackendKind::Gpu).launch_us, 42);
+}
+
+TEST(CostModel, JsonOverrides) {
+  CostModel m;
+  m.load_json(R"({"profiles": {
+      "gpu": {"memory_bandwidth_gbs": 3350, "link": {"bandwidth_gbs": 55}},
+      "cuda:1": {"peak_gflops": {"f16": 123}, "launch_us": 3},
+      "fast": {"kind": "cpu", "launch_us": 0.5}}})");
+  BackendProfile g0 = m.profile("cuda:0", BackendKind::Gpu);
+  EXPECT_EQ(g0.memory_bandwidth_gbs, 3350);
+  EXPECT_EQ(g0.link.bandwidth_gbs, 55);
+  EXPECT_EQ(g0.link.latency_us, kDefaultLinkLatencyUs);  // unchanged fields keep defaults
+  BackendProfile g1 = m.profile("cuda:1", BackendKind::Gpu);
+  EXPECT_EQ(g1.peak_gflops[size_t(DTypeClass::F16)], 123);
+  EXPECT_EQ(g1.peak_gflops[size_t(DTypeClass::F32)], kDefaultGpuF32Gflops);
+  EXPECT_EQ(g1.launch_us, 3);
+  EXPECT_EQ(m.profile("fast", BackendKind::Cpu).memory_bandwidth_gbs, kDefaultCpuBandwidthGbs);
+  EXPECT_EQ(m.profile("fast", BackendKind::Cpu).launch_us, 0.5);
+
+  // Round trip through to_json.
+  CostModel again;
+  again.load_json(m.to_json());
+  EXPECT_EQ(again.profile("cuda:1", BackendKind::Gpu).launch_us, 3);
+
+  // Files.
+  std::string path = ::testing::TempDir() + "/tandem_profile.json";
+  {
+    std::ofstream f(path);
+    f << R"({"profiles": {"cpu": {"launch_us": 9}}})";
+  }
+  CostModel from_file;
+  from_file.load_json_file(path);
+  EXPECT_EQ(from_file.profile("cpu", BackendKind::Cpu).launch_us, 9);
+  std::remove(path.c_str());
+}
+
+TEST(CostModel, JsonErrorsAreClearAndChangeNothing) {
+  CostModel m;
+  auto code_of = [&](const std::string& text) {
+    try {
+      m.load_json(text);
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return ErrorCode::Internal;
+  };
+  EXPECT_EQ(code_of("{nope"), ErrorCode::Format);
+  EXPECT_EQ(code_of(R"({"cpu": {}})"), ErrorCode::Format);
+  EXPECT_EQ(code_of(R"({"profiles": {"cpu": {"launch_us": "fast"}}})"), ErrorCode::Format);
+  EXPECT_EQ(code_of(R"({"profiles": {"cpu": {"launch_us": -1}}})"), ErrorCode::Format);
+  EXPECT_EQ(
+      code_of(R"({"profiles": {"gpu": {"launch_us": 1}, "cpu": {"memory_bandwidth_gbs": 0}}})"),
+      ErrorCode::Format);
+  EXPECT_EQ(m.profile("gpu", BackendKind::Gpu).launch_us, kDefaultGpuLaunchUs);
+  try {
+    m.load_json_file("/nonexistent/profile.json");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Io);
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/profile.json"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,138 @@
+// Test backends for the scheduler: host memory and reference kernels, with a chosen id, kind,
+// capability table, features, memory and (for "devices") memory the executor may not touch
+// directly. They count buffers so tests can prove nothing leaks.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reference_backend.h"
+#include "tandem/error.h"
+
+namespace tandem::test {
+
+class TestBackend : public HostBackend {
+ public:
+  struct Config {
+    std::string id = "test";
+    BackendKind kind = BackendKind::Cpu;
+    bool host_accessible = true;
+    std::vector<std::string> features;
+    std::vector<OpCapability> capabilities = ReferenceBackend::reference_capabilities();
+    size_t free_bytes = size_t(64) << 30;
+  };
+  explicit TestBackend(Config c) : HostBackend(c.id), config_(std::move(c)) {
+    features_ = config_.features;
+  }
+  BackendKind kind() const override { return config_.kind; }
+  bool host_accessible() const override { return config_.host_accessible; }
+  MemoryInfo memory() const override { return {config_.free_bytes * 2, config_.free_bytes}; }
+  bool lost() const override { return lost_; }
+  const std::vector<OpCapability>& capabilities() const override { return config_.capabilities; }
+
+  void execute(const Graph& graph, const NodeExecution& exec) override {
+    CapabilityCheck c = check(graph, *exec.node);
+    if (!c.ok()) throw_error(ErrorCode::Unsupported, backend_id(), c.detail);
+    if (fail_on_op >= 0 && int(exec.node->op) == fail_on_op) {
+      throw_error(ErrorCode::DeviceLost, backend_id(), "injected failure");
+    }
+    ++executed;
+    reference_execute(graph, exec);
+  }
+  void execute_segment(const Graph& graph, std::span<const NodeExecution> segment,
+                       uint64_t signature) override {
+    segment_signatures.push_back(signature);
+    std::vector<const void*> ptrs;
+    for (const NodeExecution& e : segment) {
+      ptrs.push_back(e.output.data);
+      for (const TensorRef& r : e.inputs) ptrs.push_back(r.data);
+    }
+    segment_pointers.push_back(std::move(ptrs));
+    Backend::execute_segment(graph, segment, signature);
+  }
+  Buffer allocate(size_t bytes) override {
+    if (fail_allocations) {
+      throw_error(ErrorCode::OutOfMemory, backend_id() + " allocate", "injected");
+    }
+    ++live_buffers;
+    return HostBackend::allocate(bytes);
+  }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    ++copies_in;
+    HostBackend::copy_from_host(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    ++copies_out;
+    HostBackend::copy_to_host(dst, src, bytes);
+  }
+
+  void set_lost(bool lost) { lost_ = lost; }
+  int fail_on_op = -1;  // an OpKind that throws when executed
+  bool fail_allocations = false;
+  int executed = 0;
+  int copies_in = 0;
+  int copies_out = 0;
+  std::vector<uint64_t> segment_signatures;
+  std::vector<std::vector<const void*>> segment_pointers;
+  static inline std::atomic<int> live_buffers{0};
+
+ protected:
+  void free_buffer(void* data, size_t bytes) override {
+    --live_buffers;
+    HostBackend::free_buffer(data, bytes);
+  }
+
+ private:
+  Config config_;
+  bool lost_ = false;
+};
+
+inline std::shared_ptr<TestBackend> make_cpu(
+    std::string id = "cpu",
+    std::vector<OpCapability> caps = ReferenceBackend::reference_capabilities()) {
+  TestBackend::Config c;
+  c.id = std::move(id);
+  c.capabilities = std::move(caps);
+  return std::make_shared<TestBackend>(c);
+}
+
+// A "GPU": kind Gpu, its memory is off limits to the executor (copies go through the API).
+inline std::shared_ptr<TestBackend> make_gpu(
+    std::string id = "gpu",
+    std::vector<OpCapability> caps = ReferenceBackend::reference_capabilities()) {
+  TestBackend::Config c;
+  c.id = std::move(id);
+  c.kind = BackendKind::Gpu;
+  c.host_accessible = false;
+  c.capabilities = std::move(caps);
+  return std::make_shared<TestBackend>(c);
+}
+
+// The reference table without some ops.
+inline std::vector<OpCapability> caps_without(std::initializer_list<OpKind> ops) {
+  std::vector<OpCapability> out;
+  for (const OpCapability& c : ReferenceBackend::reference_capabilities()) {
+    bool drop = false;
+    for (OpKind op : ops) drop = drop || c.op == op;
+    if (!drop) out.push_back(c);
+  }
+  return out;
+}
+
+inline uint32_t test_seed() {
+  static const uint32_t seed = std::random_device{}();
+  return seed;
+}
+
+// Random values in [-1, 1], never all zero.
+inline std::vector<float> random_floats(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+}  // namespace tandem::test
