@@ -145,8 +145,10 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
         for (int i = 0; i < kDpl; ++i) p += qr[g][i] * to_float(kr[u].x[i]);
         dots[u * kMaxGroup + g] = p;
       }
+    // Every lane must join the shuffles; validity only masks the result.
+    const float reduced = transpose_reduce(dots, lane);
     const bool valid = j0 + my_key < end && my_head < n_heads;
-    const float score = valid ? transpose_reduce(dots, lane) : -INFINITY;
+    const float score = valid ? reduced : -INFINITY;
     float mx = score;
 #pragma unroll
     for (int o = kMaxGroup; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
