@@ -71,6 +71,10 @@ struct OpCost {
   double total_us() const { return compute_us + transfer_us; }
 };
 
+// Runs over which the scheduler spreads a weight's one-time upload when it compares backends
+// (decode reuses every weight hundreds of times; 32 keeps short prompts honest).
+inline constexpr double kWeightReuseRuns = 32.0;
+
 class CostModel {
  public:
   // Built-in defaults for both kinds, no per-backend overrides.

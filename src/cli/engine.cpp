@@ -26,11 +26,11 @@ Engine::Engine(const EngineOptions& options)
     for (int l = ngl; l < int(config_.n_layer); ++l)
       layers += (layers.empty() ? "" : "|") + std::to_string(l);
     if (!layers.empty()) {
-      pins.push_back({"blk\\.(" + layers + ")\\..*", "cpu"});
-      pins.push_back({"cache_[kv]\\.(" + layers + ")", "cpu"});
+      pins.push_back({"^blk\\.(" + layers + ")\\..*$", "cpu"});
+      pins.push_back({"^cache_[kv]\\.(" + layers + ")$", "cpu"});
     }
-    pins.push_back({"token_embd\\.weight", "cpu"});
-    if (ngl <= int(config_.n_layer)) pins.push_back({"output(_norm)?\\.weight", "cpu"});
+    pins.push_back({"^token_embd\\.weight$", "cpu"});
+    if (ngl <= int(config_.n_layer)) pins.push_back({"^output(_norm)?\\.weight$", "cpu"});
   }
   strategy_name_ = options.strategy;
   BackendOptions backend_options;

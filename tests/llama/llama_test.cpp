@@ -203,6 +203,11 @@ TEST(LlamaMixed, NGpuLayersPutsLaterLayersAndTheirCacheOnTheCpu) {
       if (name.rfind("blk.1.", 0) == 0 || name == "cache_k.1" || name == "token_embd.weight") {
         EXPECT_EQ(where, "cpu") << op_name(n.op) << " reading " << name;
       }
+      if (name.rfind("blk.0.", 0) == 0) {
+        // Layer 0 stays under the strategy: no -ngl pin may catch it (pins are regex searches).
+        EXPECT_NE(p.at(n.id).reason.kind, SelectionReason::Kind::UserPreference)
+            << op_name(n.op) << " reading " << name << ": " << p.at(n.id).reason.to_string();
+      }
       if (has_gpu && name.rfind("blk.0.", 0) == 0) {
         EXPECT_EQ(where.rfind("cuda:", 0), 0u) << op_name(n.op) << " reading " << name;
       }

@@ -504,18 +504,37 @@ TEST(Scheduler, AutomaticMatchesCostsComputedByHand) {
                    .cost_model(two_profiles())
                    .build();
   // cpu: max(5.24288, 27.0336) + 1 = 28.0336 us, nothing to move.
-  // gpu: max(0.0524288, 0.270336) + 5 = 5.270336 us compute, plus the weight
-  //      (26.2144 + 2) and x (0.4096 + 2) over the link = 30.624 us: 35.894336 us in all.
+  // gpu: max(0.0524288, 0.270336) + 5 = 5.270336 us compute, plus the weight's one-time upload
+  //      (26.2144 + 2) spread over kWeightReuseRuns = 32 runs (0.8817) and x (0.4096 + 2):
+  //      3.2913 us of transfers, 8.561636 us in all: the GPU, 3.27x cheaper.
   auto p = sched.plan(g);
   const BackendSelection& s = p->at(y);
-  EXPECT_EQ(s.backend->backend_id(), "cpu");
+  EXPECT_EQ(s.backend->backend_id(), "gpu");
   EXPECT_EQ(s.reason.kind, K::CostModel);
   ASSERT_EQ(s.reason.costs.size(), 2u);
   EXPECT_NEAR(s.reason.costs[0].cost.total_us(), 28.0336, 1e-9);
   EXPECT_NEAR(s.reason.costs[1].cost.compute_us, 5.270336, 1e-9);
-  EXPECT_NEAR(s.reason.costs[1].cost.transfer_us, 30.624, 1e-9);
-  EXPECT_EQ(rejected(s, "gpu")->reason, RejectReason::MoreExpensive);
-  EXPECT_EQ(p->planned_transfers, 0u);
+  EXPECT_NEAR(s.reason.costs[1].cost.transfer_us, 28.2144 / 32 + 2.4096, 1e-9);
+  EXPECT_EQ(rejected(s, "cpu")->reason, RejectReason::MoreExpensive);
+  EXPECT_EQ(p->planned_transfers, 1u);  // x
+  EXPECT_EQ(p->planned_uploads, 1u);    // w, once
+
+  // A link 40x slower makes even the amortized upload dearer than the CPU:
+  // gpu = 5.270336 + (1048.576 + 2) / 32 + (16.384 + 2) = 56.485 us > 28.0336 us.
+  CostModel slow = two_profiles();
+  BackendProfile gpu = slow.profile("gpu", BackendKind::Gpu);
+  gpu.link = {0.25, 2.0};
+  slow.set_profile("gpu", gpu);
+  auto slow_sched = HybridScheduler::builder()
+                        .with_backend(make_cpu())
+                        .with_backend(make_gpu())
+                        .strategy(Strategy::automatic())
+                        .cost_model(slow)
+                        .build();
+  auto ps = slow_sched.plan(g);
+  EXPECT_EQ(ps->at(y).backend->backend_id(), "cpu");
+  EXPECT_NEAR(ps->at(y).reason.costs[1].cost.transfer_us, (1048.576 + 2) / 32 + 18.384, 1e-9);
+  EXPECT_EQ(ps->planned_transfers, 0u);
 
   // With the weight resident on the GPU only x moves: 5.270336 + 2.4096 = 7.679936 us.
   Residency r;

@@ -65,36 +65,54 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
   float acc[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
-#pragma unroll 8  // eight steps of loads in flight per warp (the loop is memory-latency bound)
-  for (int blk = lane / kLanesPerBlock; blk < n_blocks; blk += kBlocksPerStep) {
-    const uint8_t* bp = ar + int64_t(blk) * kBlockBytes;
-    const float dw = f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(bp));
-    const int w0 = load_int_b2(bp + 2 + 8 * part);
-    const int w1 = load_int_b2(bp + 6 + 8 * part);
+  // All weight loads of kSteps steps are issued before any is used: the loop is bound by
+  // memory latency, so bytes in flight per warp decide the bandwidth.
+  constexpr int kSteps = 8;
+  for (int base = lane / kLanesPerBlock; base < n_blocks; base += kBlocksPerStep * kSteps) {
+    float dw[kSteps];
+    int w0[kSteps], w1[kSteps];
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      const int8_t* bb = bq + c * K + int64_t(blk) * kQBlock;
-      const float db = bd[c * int64_t(n_blocks) + blk];
-      int dot;
-      if constexpr (kQ4) {
-        // Low nibbles are elements 8p..8p+7, high nibbles 16+8p..16+8p+7; q - 8 via the sum.
-        const int2 blo = *reinterpret_cast<const int2*>(bb + 8 * part);
-        const int2 bhi = *reinterpret_cast<const int2*>(bb + 16 + 8 * part);
-        dot = __dp4a(w0 & 0x0F0F0F0F, blo.x, 0);
-        dot = __dp4a(w1 & 0x0F0F0F0F, blo.y, dot);
-        dot = __dp4a((w0 >> 4) & 0x0F0F0F0F, bhi.x, dot);
-        dot = __dp4a((w1 >> 4) & 0x0F0F0F0F, bhi.y, dot);
-        int sum = __dp4a(0x01010101, blo.x, 0);
-        sum = __dp4a(0x01010101, blo.y, sum);
-        sum = __dp4a(0x01010101, bhi.x, sum);
-        sum = __dp4a(0x01010101, bhi.y, sum);
-        dot -= 8 * sum;
+    for (int s = 0; s < kSteps; ++s) {
+      const int blk = base + s * kBlocksPerStep;
+      if (blk < n_blocks) {
+        const uint8_t* bp = ar + int64_t(blk) * kBlockBytes;
+        dw[s] = f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(bp));
+        w0[s] = load_int_b2(bp + 2 + 8 * part);
+        w1[s] = load_int_b2(bp + 6 + 8 * part);
       } else {
-        const int2 bv = *reinterpret_cast<const int2*>(bb + 8 * part);
-        dot = __dp4a(w0, bv.x, 0);
-        dot = __dp4a(w1, bv.y, dot);
+        dw[s] = 0.0f;
+        w0[s] = w1[s] = 0;
       }
-      acc[c] += dw * db * float(dot);
+    }
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const int blk = base + s * kBlocksPerStep;
+      if (blk >= n_blocks) break;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int8_t* bb = bq + c * K + int64_t(blk) * kQBlock;
+        const float db = bd[c * int64_t(n_blocks) + blk];
+        int dot;
+        if constexpr (kQ4) {
+          // Low nibbles are elements 8p..8p+7, high nibbles 16+8p..16+8p+7; q - 8 via the sum.
+          const int2 blo = *reinterpret_cast<const int2*>(bb + 8 * part);
+          const int2 bhi = *reinterpret_cast<const int2*>(bb + 16 + 8 * part);
+          dot = __dp4a(w0[s] & 0x0F0F0F0F, blo.x, 0);
+          dot = __dp4a(w1[s] & 0x0F0F0F0F, blo.y, dot);
+          dot = __dp4a((w0[s] >> 4) & 0x0F0F0F0F, bhi.x, dot);
+          dot = __dp4a((w1[s] >> 4) & 0x0F0F0F0F, bhi.y, dot);
+          int sum = __dp4a(0x01010101, blo.x, 0);
+          sum = __dp4a(0x01010101, blo.y, sum);
+          sum = __dp4a(0x01010101, bhi.x, sum);
+          sum = __dp4a(0x01010101, bhi.y, sum);
+          dot -= 8 * sum;
+        } else {
+          const int2 bv = *reinterpret_cast<const int2*>(bb + 8 * part);
+          dot = __dp4a(w0[s], bv.x, 0);
+          dot = __dp4a(w1[s], bv.y, dot);
+        }
+        acc[c] += dw[s] * db * float(dot);
+      }
     }
   }
 #pragma unroll
