@@ -99,6 +99,7 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
 
   last_placement_ = scheduler_->plan(lg.graph, executor_->residency());
   last_graph_ = &lg.graph;
+  upload_weights(lg.graph, *last_placement_);
   Bindings bindings;
   bindings.input(lg.tokens, tokens.data(), tokens.size_bytes())
       .input(lg.positions, positions_.data(), positions_.size() * sizeof(int32_t))
@@ -106,6 +107,38 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
   executor_->run(lg.graph, *last_placement_, bindings);
   n_past_ += n;
   return logits_;
+}
+
+void Engine::upload_weights(const Graph& graph, const Placement& placement) {
+  // Weights a device will read and does not hold yet, uploaded here (not inside the first run)
+  // so a terminal shows the load's progress.
+  std::vector<std::pair<const TensorDesc*, const std::string*>> pending;
+  uint64_t total = 0;
+  for (const Node& n : graph.nodes()) {
+    const Backend* b = placement.at(n.id).backend;
+    if (!is_compute(n.op) || !b || b->host_accessible()) continue;
+    for (TensorId in : n.inputs) {
+      const TensorId s = graph.storage_of(in);
+      const TensorDesc& t = graph.tensor(s);
+      if (graph.node(s).op != OpKind::Weight ||
+          executor_->residency().contains(b->backend_id(), t.name))
+        continue;
+      bool listed = std::any_of(pending.begin(), pending.end(), [&](const auto& p) {
+        return p.first->name == t.name && *p.second == b->backend_id();
+      });
+      if (listed) continue;
+      pending.emplace_back(&t, &b->backend_id());
+      total += t.bytes();
+    }
+  }
+  if (pending.empty()) return;
+  Progress progress("loading weights (" + format_bytes(total) + ")", total);
+  uint64_t done = 0;
+  for (const auto& [t, backend_id] : pending) {
+    executor_->preload_weight(t->name, *backend_id);
+    done += t->bytes();
+    progress.update(done);
+  }
 }
 
 std::string Engine::placement_summary() const {

@@ -63,6 +63,7 @@ class Engine {
 
  private:
   const LlamaGraph& graph_for(int64_t n_tokens, bool all_logits);
+  void upload_weights(const Graph& graph, const Placement& placement);
 
   gguf::File file_;
   LlamaConfig config_;
