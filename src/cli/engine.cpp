@@ -99,7 +99,12 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
 
   last_placement_ = scheduler_->plan(lg.graph, executor_->residency());
   last_graph_ = &lg.graph;
-  upload_weights(lg.graph, *last_placement_);
+  // Plans are cached: an unchanged placement needs no new uploads (keeps this off the per-token
+  // path; the walk below scans the residency).
+  if (last_placement_ != uploaded_for_) {
+    upload_weights(lg.graph, *last_placement_);
+    uploaded_for_ = last_placement_;
+  }
   Bindings bindings;
   bindings.input(lg.tokens, tokens.data(), tokens.size_bytes())
       .input(lg.positions, positions_.data(), positions_.size() * sizeof(int32_t))

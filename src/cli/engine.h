@@ -73,6 +73,7 @@ class Engine {
   std::map<std::pair<int64_t, bool>, LlamaGraph> graphs_;
   std::shared_ptr<const Placement> last_placement_;
   const Graph* last_graph_ = nullptr;
+  std::shared_ptr<const Placement> uploaded_for_;  // held, so its address cannot be reused
   std::vector<int32_t> positions_;
   std::vector<float> logits_;
   int64_t n_ctx_ = 0;
