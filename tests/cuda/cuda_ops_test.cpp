@@ -160,10 +160,17 @@ TEST(CudaOps, MatMulEveryWeightType) {
 TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
   TANDEM_REQUIRE_GPU(backend);
   for (DType d : {DType::Q4_0, DType::Q8_0}) {
-    // K % 64 == 0 takes the staged matrix-vector kernel; K = 96 the generic one; N > 8 GEMM.
+    // K % 256 == 0 takes the staged matrix-vector kernel (one or several rows per tile, one
+    // or several groups per thread); K = 96 and a K too large for its shared memory take the
+    // generic one; N > 8 the GEMM.
     for (auto [k, m, n] : {std::tuple{256, 129, 1},
                            {4096, 64, 3},
                            {2048, 37, 8},
+                           {14336, 300, 1},
+                           {11008, 77, 4},
+                           {4096, 2000, 2},
+                           {81920, 9, 1},
+                           {65536, 40, 8},
                            {96, 50, 2},
                            {512, 200, 9},
                            {1024, 256, 64}}) {
@@ -175,10 +182,13 @@ TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
                    "quantized matmul " + std::string(dtype_name(d)) + " " + std::to_string(k) +
                        "x" + std::to_string(m) + "x" + std::to_string(n));
     }
-    Graph g;  // batched b over one weight matrix
+    Graph g;  // batched b over one weight matrix (generic and staged kernels)
     TensorId a = g.weight("a", d, {128, 24});
     TensorId b = g.input("b", DType::F32, {128, 2, 3});
     g.mark_output(g.matmul(a, b));
+    TensorId a2 = g.weight("a2", d, {512, 24});
+    TensorId b2 = g.input("b2", DType::F32, {512, 2, 3});
+    g.mark_output(g.matmul(a2, b2));
     expect_close(compare_with_reference(g, *backend), kMatmul, "batched quantized matvec");
   }
 }

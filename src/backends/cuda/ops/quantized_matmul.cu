@@ -2,6 +2,8 @@
 // b is quantized to int8 blocks and a matrix-vector kernel reads the weight blocks once,
 // multiplying with __dp4a. More columns: the weights are dequantized to f16 and multiplied on
 // tensor cores by cuBLAS with f32 accumulation.
+#include <algorithm>
+
 #include "common.cuh"
 #include "ops.h"
 #include "tandem/error.h"
@@ -122,8 +124,321 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
   }
 }
 
+// ---- Staged matrix-vector kernel (contiguous weight rows, K a multiple of 256) ----
+//
+// One persistent CTA of 512 threads per SM streams its share of the weight rows through a
+// kStages-deep ring of shared-memory tiles with 16-byte cp.async copies (about 100 KB in flight
+// per SM) and quantizes b into shared memory itself. A tile is cut into groups of 8 blocks
+// (256 elements: 144 or 272 bytes, whole 16-byte words); each thread takes half a group (4
+// blocks) and lanes l and l + 16 of a warp share one, so the 16-byte shared loads of 8
+// neighbouring lanes fall in distinct banks. The kernel is launched as a programmatic dependent
+// of the previous kernel: it starts fetching weights (which no kernel writes) while that one
+// drains and waits for it (griddepcontrol.wait) before it reads b or writes out.
+constexpr int kStagedThreads = 512;
+constexpr int kStages = 4;
+constexpr int kGroupBlocks = 8;
+constexpr int kHalfBlocks = kGroupBlocks / 2;
+constexpr int kGroupElems = kGroupBlocks * kQBlock;  // 256
+constexpr int kTileGroups = kStagedThreads / 2;      // most groups in a tile of several rows
+constexpr int kStageTargetBytes = 32 * 1024;         // one tile of rows
+constexpr int kBGroupBytes = kGroupElems + 16;       // int8 quants + pad: conflict-free rows
+constexpr int kBScaleBytes = kGroupBlocks * 8 + 16;  // {d, 8 d sum(q)} per block + pad
+
+template <DType kType>
+struct GroupFormat {
+  static constexpr int kBlockBytes = kType == DType::Q4_0 ? 18 : 34;
+  static constexpr int kBytes = kGroupBlocks * kBlockBytes;  // 144 or 272
+  // A half group is read as the 16-byte words [kHalfStart * h, + kWindowVecs * 16); its first
+  // block then starts 0 (h = 0) or 8 (h = 1) bytes in.
+  static constexpr int kHalfStart = kType == DType::Q4_0 ? 64 : 128;
+  static constexpr int kWindowVecs = kType == DType::Q4_0 ? 5 : 9;
+  static constexpr int kHalfWords = kHalfBlocks * kBlockBytes / 4 + 1;  // 18 or 34
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// Programmatic dependent launch: wait for the preceding kernel's results; let the next
+// kernel start launching.
+__device__ __forceinline__ void grid_dependency_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void grid_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+struct StagedLayout {
+  int gpr;                                // groups per row (K / 256)
+  int rows;                               // rows per tile
+  int stage_bytes;                        // rows * row bytes
+  size_t b_scale, reduce, stages, total;  // shared-memory offsets (b quants at 0) and size
+};
+
+template <DType kType>
+StagedLayout staged_layout(int64_t K, int cols) {
+  StagedLayout l{};
+  l.gpr = int(K / kGroupElems);
+  const int row_bytes = l.gpr * GroupFormat<kType>::kBytes;
+  l.rows = std::max(1, std::min(kTileGroups / l.gpr, kStageTargetBytes / row_bytes));
+  l.stage_bytes = l.rows * row_bytes;
+  l.b_scale = size_t(cols) * size_t(l.gpr) * kBGroupBytes;
+  l.reduce = l.b_scale + size_t(cols) * size_t(l.gpr) * kBScaleBytes;
+  l.stages = l.reduce + size_t(cols) * kStagedThreads * sizeof(float);
+  l.total = l.stages + size_t(kStages) * size_t(l.stage_bytes);
+  return l;
+}
+
+// Block kBlk of a half group held in registers as 32-bit words: its f16 scale and its quant
+// words (4 for Q4_0, 8 for Q8_0). Blocks alternate between word-aligned and half-word offsets
+// (18 and 34 bytes are 2 mod 4); the shift is resolved at compile time.
+template <DType kType, int kBlk>
+__device__ __forceinline__ float block_words(const uint32_t (&w)[GroupFormat<kType>::kHalfWords],
+                                             uint32_t (&q)[kType == DType::Q4_0 ? 4 : 8]) {
+  constexpr int kOff = kBlk * GroupFormat<kType>::kBlockBytes;
+  constexpr int kN = kType == DType::Q4_0 ? 4 : 8;
+  uint16_t d;
+  if constexpr (kOff % 4 == 0) {
+    d = uint16_t(w[kOff / 4] & 0xFFFFu);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) q[i] = __funnelshift_r(w[kOff / 4 + i], w[kOff / 4 + i + 1], 16);
+  } else {
+    d = uint16_t(w[kOff / 4] >> 16);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) q[i] = w[kOff / 4 + 1 + i];
+  }
+  return f16_bits_to_f32(d);
+}
+
+// Adds block kBlk of a half group times the quantized b, for every column. bq and bs point at
+// the half group's first block of b (column 0).
+template <DType kType, int kBlk, int kCols>
+__device__ __forceinline__ void half_group_block(
+    const uint32_t (&w)[GroupFormat<kType>::kHalfWords], const int8_t* bq, const float2* bs,
+    int col_quant_bytes, int col_scales, float (&acc)[kCols]) {
+  constexpr bool kQ4 = kType == DType::Q4_0;
+  uint32_t q[kQ4 ? 4 : 8];
+  const float dw = block_words<kType, kBlk>(w, q);
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const int4 lo = *reinterpret_cast<const int4*>(bq + c * col_quant_bytes + kBlk * kQBlock);
+    const int4 hi = *reinterpret_cast<const int4*>(bq + c * col_quant_bytes + kBlk * kQBlock + 16);
+    const float2 s = bs[c * col_scales + kBlk];
+    int dot;
+    if constexpr (kQ4) {
+      // Byte i holds element i (low nibble) and i + 16 (high nibble).
+      dot = __dp4a(int(q[0] & 0x0F0F0F0Fu), lo.x, 0);
+      dot = __dp4a(int(q[1] & 0x0F0F0F0Fu), lo.y, dot);
+      dot = __dp4a(int(q[2] & 0x0F0F0F0Fu), lo.z, dot);
+      dot = __dp4a(int(q[3] & 0x0F0F0F0Fu), lo.w, dot);
+      dot = __dp4a(int((q[0] >> 4) & 0x0F0F0F0Fu), hi.x, dot);
+      dot = __dp4a(int((q[1] >> 4) & 0x0F0F0F0Fu), hi.y, dot);
+      dot = __dp4a(int((q[2] >> 4) & 0x0F0F0F0Fu), hi.z, dot);
+      dot = __dp4a(int((q[3] >> 4) & 0x0F0F0F0Fu), hi.w, dot);
+      acc[c] += dw * (s.x * float(dot) - s.y);  // s.y = 8 d sum(q): the -8 offset
+    } else {
+      dot = __dp4a(int(q[0]), lo.x, 0);
+      dot = __dp4a(int(q[1]), lo.y, dot);
+      dot = __dp4a(int(q[2]), lo.z, dot);
+      dot = __dp4a(int(q[3]), lo.w, dot);
+      dot = __dp4a(int(q[4]), hi.x, dot);
+      dot = __dp4a(int(q[5]), hi.y, dot);
+      dot = __dp4a(int(q[6]), hi.z, dot);
+      dot = __dp4a(int(q[7]), hi.w, dot);
+      acc[c] += dw * s.x * float(dot);
+    }
+  }
+}
+
+template <DType kType, int kCols>
+__global__ __launch_bounds__(kStagedThreads, 1) void staged_matvec_kernel(
+    const uint8_t* a, int64_t a_stride2, int64_t a_stride3, int64_t a_div2, int64_t a_div3, int M,
+    int gpr, int tile_rows, int stage_bytes, uint32_t off_scale, uint32_t off_reduce,
+    uint32_t off_stages, const float* b, int64_t b_ne2, float* out) {
+  using F = GroupFormat<kType>;
+  constexpr bool kQ4 = kType == DType::Q4_0;
+  extern __shared__ __align__(16) uint8_t smem[];
+  int8_t* s_bq = reinterpret_cast<int8_t*>(smem);
+  float2* s_bs = reinterpret_cast<float2*>(smem + off_scale);
+  float* s_red = reinterpret_cast<float*>(smem + off_reduce);
+  uint8_t* s_stage = smem + off_stages;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t z = blockIdx.y, i2 = z % b_ne2, i3 = z / b_ne2;
+  const int64_t K = int64_t(gpr) * kGroupElems;
+  const int64_t row_bytes = int64_t(gpr) * F::kBytes;
+  const uint8_t* az = a + (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3;
+  b += z * kCols * K;
+  out += z * int64_t(M) * kCols;
+
+  // This CTA's rows: an even share, in tiles of tile_rows.
+  const int row_begin = int(int64_t(M) * blockIdx.x / gridDim.x);
+  const int row_end = int(int64_t(M) * (blockIdx.x + 1) / gridDim.x);
+  const int n_tiles = (row_end - row_begin + tile_rows - 1) / tile_rows;
+  auto issue = [&](int tile) {
+    if (tile < n_tiles) {
+      const int r0 = row_begin + tile * tile_rows;
+      const int nr = min(tile_rows, row_end - r0);
+      const uint8_t* src = az + int64_t(r0) * row_bytes;
+      uint8_t* dst = s_stage + (tile % kStages) * stage_bytes;
+      const int chunks = int(nr * row_bytes / 16);
+      for (int c = tid; c < chunks; c += kStagedThreads) cp_async16(dst + c * 16, src + c * 16);
+    }
+    cp_async_commit();  // possibly empty: keeps the group count uniform
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  grid_launch_dependents();
+  grid_dependency_wait();  // b is written by the preceding kernel
+
+  // Quantize b while the first tiles arrive: 8 lanes per block of 32, four floats each.
+  const int blocks_per_col = gpr * kGroupBlocks;
+  const int total_blocks = kCols * blocks_per_col;
+#pragma unroll 4
+  for (int base = 0; base < total_blocks; base += kStagedThreads / 8) {
+    const int blk = base + tid / 8, part = tid % 8;
+    const bool valid = blk < total_blocks;
+    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (valid) x = __ldg(reinterpret_cast<const float4*>(b + int64_t(blk) * kQBlock) + part);
+    float amax = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    const int q0 = int(rintf(x.x * inv)), q1 = int(rintf(x.y * inv));
+    const int q2 = int(rintf(x.z * inv)), q3 = int(rintf(x.w * inv));
+    int sum = q0 + q1 + q2 + q3;
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (valid) {
+      const int c = blk / blocks_per_col, bi = blk % blocks_per_col;
+      const int g = bi / kGroupBlocks, j = bi % kGroupBlocks;
+      const uint32_t packed = (uint32_t(q0) & 0xFFu) | ((uint32_t(q1) & 0xFFu) << 8) |
+                              ((uint32_t(q2) & 0xFFu) << 16) | (uint32_t(q3) << 24);
+      *reinterpret_cast<uint32_t*>(s_bq + (int64_t(c) * gpr + g) * kBGroupBytes + j * kQBlock +
+                                   part * 4) = packed;
+      if (part == 0) {
+        s_bs[(int64_t(c) * gpr + g) * (kBScaleBytes / 8) + j] =
+            make_float2(d, kQ4 ? 8.0f * d * float(sum) : 0.0f);
+      }
+    }
+  }
+
+  // Lanes l and l + 16 take the two halves of group 16 * warp + l % 16.
+  const int half = lane / 16;
+  const int my_group = warp * 16 + lane % 16;
+  const int col_quant_bytes = gpr * kBGroupBytes, col_scales = gpr * (kBScaleBytes / 8);
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    issue(tile + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    __syncthreads();  // this tile (and, the first time, b) is visible to every thread
+    const int r0 = row_begin + tile * tile_rows;
+    const int nr = min(tile_rows, row_end - r0);
+    const uint8_t* stage = s_stage + (tile % kStages) * stage_bytes;
+    float acc[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+    // With several rows per tile, rows * gpr <= 256: at most one group per thread pair. With
+    // one row per tile, every group a thread takes belongs to that row.
+    for (int gi = my_group; gi < nr * gpr; gi += kTileGroups) {
+      const uint8_t* src = stage + gi * F::kBytes + half * F::kHalfStart;
+      uint32_t raw[F::kWindowVecs * 4];
+#pragma unroll
+      for (int v = 0; v < F::kWindowVecs; ++v) {
+        const uint4 x = *reinterpret_cast<const uint4*>(src + v * 16);
+        raw[4 * v] = x.x, raw[4 * v + 1] = x.y, raw[4 * v + 2] = x.z, raw[4 * v + 3] = x.w;
+      }
+      uint32_t w[F::kHalfWords];  // the second half starts 2 words into its window
+#pragma unroll
+      for (int i = 0; i < F::kHalfWords; ++i) w[i] = half ? raw[i + 2] : raw[i];
+      const int jg = gi % gpr;
+      const int8_t* bq = s_bq + jg * kBGroupBytes + half * kHalfBlocks * kQBlock;
+      const float2* bs = s_bs + jg * (kBScaleBytes / 8) + half * kHalfBlocks;
+      half_group_block<kType, 0, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+      half_group_block<kType, 1, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+      half_group_block<kType, 2, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+      half_group_block<kType, 3, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+    }
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      s_red[(c * 2 + half) * kTileGroups + my_group] = acc[c];
+    }
+    __syncthreads();  // partials complete; the stage may be refilled from here on
+    // Row sums in a fixed order (deterministic): warp w takes rows w, w + 16, ...
+    const int slots = tile_rows == 1 ? min(gpr, kTileGroups) : gpr;
+    for (int rr = warp; rr < nr; rr += kStagedThreads / 32) {
+      const int lo = tile_rows == 1 ? 0 : rr * gpr;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const float* r = s_red + c * 2 * kTileGroups + lo;
+        float v = 0.0f;
+        for (int i = lane; i < slots; i += 32) v += r[i] + r[kTileGroups + i];
+        v = warp_sum(v);
+        if (lane == 0) out[int64_t(c) * M + r0 + rr] = v;
+      }
+    }
+  }
+  cp_async_wait<0>();  // no copy may outlive the CTA (the trailing groups are empty)
+}
+
+// Launches the staged kernel when the layout allows it; false leaves the node to the generic
+// kernel (strided or unaligned weights, K not a multiple of 256, too little shared memory).
+template <DType kType, int kCols>
+bool launch_staged(const OpContext& ctx, const NodeExecution& e) {
+  const TensorDesc& a = *e.inputs[0].desc;
+  const TensorDesc& b = *e.inputs[1].desc;
+  const int64_t K = a.ne[0], M = a.ne[1];
+  const auto* ap = static_cast<const uint8_t*>(e.inputs[0].data);
+  const auto* bp = static_cast<const float*>(e.inputs[1].data);
+  if (K % kGroupElems != 0 || size_t(a.nb[1]) != row_bytes(kType, K) || a.nb[2] % 16 != 0 ||
+      a.nb[3] % 16 != 0 || reinterpret_cast<uintptr_t>(ap) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(bp) % 16 != 0 || !b.is_contiguous()) {
+    return false;
+  }
+  const StagedLayout l = staged_layout<kType>(K, kCols);
+  int device = 0, optin = 0;
+  ctx.check(cudaGetDevice(&device), "quantized_matmul", "cudaGetDevice");
+  ctx.check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+            "quantized_matmul", "cudaDeviceGetAttribute");
+  if (l.total > size_t(optin)) return false;
+  auto kernel = staged_matvec_kernel<kType, kCols>;
+  ctx.check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)),
+            "quantized_matmul", "cudaFuncSetAttribute");
+  int per_sm = 0;
+  ctx.check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kStagedThreads, l.total),
+            "quantized_matmul", "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  const int64_t ctas = std::min<int64_t>(int64_t(ctx.sm_count) * std::max(per_sm, 1), M);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(ctas), unsigned(b.ne[2] * b.ne[3]));
+  config.blockDim = dim3(kStagedThreads);
+  config.dynamicSmemBytes = l.total;
+  config.stream = ctx.stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  ctx.check(cudaLaunchKernelEx(&config, kernel, ap, int64_t(a.nb[2]), int64_t(a.nb[3]),
+                               int64_t(b.ne[2] / a.ne[2]), int64_t(b.ne[3] / a.ne[3]), int(M),
+                               l.gpr, l.rows, l.stage_bytes, uint32_t(l.b_scale),
+                               uint32_t(l.reduce), uint32_t(l.stages), bp, int64_t(b.ne[2]),
+                               static_cast<float*>(e.output.data)),
+            "quantized_matmul", "cudaLaunchKernelEx");
+  return true;
+}
+
 template <int kCols>
 void launch_matvec(const OpContext& ctx, const NodeExecution& e) {
+  if (e.inputs[0].desc->dtype == DType::Q4_0 ? launch_staged<DType::Q4_0, kCols>(ctx, e)
+                                             : launch_staged<DType::Q8_0, kCols>(ctx, e)) {
+    return;
+  }
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
   const int64_t K = a.ne[0], M = a.ne[1];
