@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "cuda_test_util.h"
+#include "reference_backend.h"
+#include "tandem/error.h"
 
 namespace tandem::test {
 namespace {
@@ -217,7 +219,53 @@ TEST(CudaOps, AttentionPrefillAndDecode) {
     attention_case(*backend, cache, 80, 24, 2, 300, {5, 299, 150});        // odd dim, group 12
     attention_case(*backend, cache, 32, 4, 4, 2048, iota_from(1000, 40));  // MHA, long prefill
     attention_case(*backend, cache, 256, 16, 4, 64, {63, 0});              // largest dim
+    // Head dim 128 over an f16 cache takes the decode kernel (up to 8 tokens).
+    attention_case(*backend, cache, 128, 8, 1, 4096, {4000});         // 32 splits, 2 slices
+    attention_case(*backend, cache, 128, 12, 1, 300, {5, 299, 150});  // group 12
+    attention_case(*backend, cache, 128, 3, 1, 20000, {19999, 640});  // group 3, long slices
+    attention_case(*backend, cache, 128, 4, 4, 500, {0, 1, 63, 64, 65, 499, 250, 7});  // 8 tokens
+    attention_case(*backend, cache, 128, 16, 2, 700, iota_from(600, 9));  // 9 tokens: general
   }
+}
+
+TEST(CudaOps, DecodeAttentionReplayedWithNewPositions) {
+  TANDEM_REQUIRE_GPU(backend);
+  // A captured decode step replayed at other positions: the split counters must be re-armed,
+  // and a position past the cache is a typed error that leaves the next step intact.
+  const int64_t d = 128, hq = 32, hkv = 8, ctx = 2048;
+  Graph g;
+  TensorId q = g.input("q", DType::F32, {d, hq, 1});
+  TensorId k = g.kv_cache("k", DType::F16, {d, hkv, ctx});
+  TensorId v = g.kv_cache("v", DType::F16, {d, hkv, ctx});
+  TensorId pos = g.input("pos", DType::I32, {1});
+  TensorId out = g.attention(q, k, v, pos, 1.0f / std::sqrt(float(d)));
+  g.mark_output(out);
+  ReferenceBackend reference;
+  GraphRunner ref_run(g, reference), cuda_run(g, *backend);
+  std::mt19937 rng(test_seed());
+  for (TensorId leaf : {q, k, v}) {
+    const Bytes bytes = random_leaf(g.tensor(leaf), rng);
+    ref_run.set(leaf, bytes);
+    cuda_run.set(leaf, bytes);
+  }
+  auto step = [&](int32_t p) {
+    ref_run.set(pos, ints_bytes({p}));
+    cuda_run.set(pos, ints_bytes({p}));
+    ref_run.run();
+    cuda_run.run(true, g.signature());
+    const TensorDesc& desc = g.tensor(out);
+    EXPECT_LE(nmse(to_floats(desc, ref_run.get(out)), to_floats(desc, cuda_run.get(out))), kMatmul)
+        << "position " << p << " seed " << test_seed();
+  };
+  for (int32_t p : {2047, 100, 1500, 0}) step(p);
+  cuda_run.set(pos, ints_bytes({int32_t(ctx)}));
+  try {
+    cuda_run.run(true, g.signature());
+    FAIL() << "position " << ctx << " of a " << ctx << "-token cache was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+  }
+  step(777);
 }
 
 TEST(CudaOps, KvWriteThenAttention) {
