@@ -128,15 +128,16 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
 //
 // One persistent CTA of 512 threads per SM streams its share of the weight rows through a ring
 // of up to kMaxStages shared-memory tiles of about 32 KB, each one bulk copy (TMA) that one
-// thread issues and an mbarrier completes, so about 200 KB per SM are in flight from the first
-// cycle while the CTA quantizes b into shared memory itself. A tile is cut into groups of 8 blocks
-// (256 elements: 144 or 272 bytes, whole 16-byte words); each thread takes half a group (4
-// blocks) and lanes l and l + 16 of a warp share one, so the 16-byte shared loads of 8
-// neighbouring lanes fall in distinct banks. The kernel is launched as a programmatic dependent
+// thread issues and an mbarrier completes, so about 100 KB per SM are in flight from the first
+// cycle while the CTA quantizes b into shared memory itself. (Eight stages were slower on the
+// H200: every tile arrived late and the compute no longer overlapped the copies.)
+// A tile is cut into groups of 8 blocks (256 elements, 144 or 272 bytes); each thread takes
+// half a group (4 blocks, 72 or 136 bytes: 8-byte aligned) and lanes l and l + 16 of a warp
+// share one. The kernel is launched as a programmatic dependent
 // of the previous kernel: it starts fetching weights (which no kernel writes) while that one
 // drains and waits for it (griddepcontrol.wait) before it reads b or writes out.
 constexpr int kStagedThreads = 512;
-constexpr int kMaxStages = 8;
+constexpr int kMaxStages = 4;
 constexpr int kGroupBlocks = 8;
 constexpr int kHalfBlocks = kGroupBlocks / 2;
 constexpr int kGroupElems = kGroupBlocks * kQBlock;  // 256
@@ -148,12 +149,8 @@ constexpr int kBScaleBytes = kGroupBlocks * 8 + 16;  // {d, 8 d sum(q)} per bloc
 template <DType kType>
 struct GroupFormat {
   static constexpr int kBlockBytes = kType == DType::Q4_0 ? 18 : 34;
-  static constexpr int kBytes = kGroupBlocks * kBlockBytes;  // 144 or 272
-  // A half group is read as the 16-byte words [kHalfStart * h, + kWindowVecs * 16); its first
-  // block then starts 0 (h = 0) or 8 (h = 1) bytes in.
-  static constexpr int kHalfStart = kType == DType::Q4_0 ? 64 : 128;
-  static constexpr int kWindowVecs = kType == DType::Q4_0 ? 5 : 9;
-  static constexpr int kHalfWords = kHalfBlocks * kBlockBytes / 4 + 1;  // 18 or 34
+  static constexpr int kBytes = kGroupBlocks * kBlockBytes;         // 144 or 272
+  static constexpr int kHalfWords = kHalfBlocks * kBlockBytes / 4;  // 18 or 34
 };
 
 __device__ __forceinline__ unsigned smem_address(const void* p) {
@@ -383,16 +380,15 @@ __global__ __launch_bounds__(kStagedThreads, 1) void staged_matvec_kernel(
     // With several rows per tile, rows * gpr <= 256: at most one group per thread pair. With
     // one row per tile, every group a thread takes belongs to that row.
     for (int gi = my_group; gi < nr * gpr; gi += kTileGroups) {
-      const uint8_t* src = stage + gi * F::kBytes + half * F::kHalfStart;
-      uint32_t raw[F::kWindowVecs * 4];
+      // A half group starts 72 or 136 bytes in: 8-byte aligned, so 8-byte loads need no shift.
+      const uint2* src =
+          reinterpret_cast<const uint2*>(stage + gi * F::kBytes + half * (F::kBytes / 2));
+      uint32_t w[F::kHalfWords];
 #pragma unroll
-      for (int v = 0; v < F::kWindowVecs; ++v) {
-        const uint4 x = *reinterpret_cast<const uint4*>(src + v * 16);
-        raw[4 * v] = x.x, raw[4 * v + 1] = x.y, raw[4 * v + 2] = x.z, raw[4 * v + 3] = x.w;
+      for (int v = 0; v < F::kHalfWords / 2; ++v) {
+        const uint2 x = src[v];
+        w[2 * v] = x.x, w[2 * v + 1] = x.y;
       }
-      uint32_t w[F::kHalfWords];  // the second half starts 2 words into its window
-#pragma unroll
-      for (int i = 0; i < F::kHalfWords; ++i) w[i] = half ? raw[i + 2] : raw[i];
       const int jg = gi % gpr;
       const int8_t* bq = s_bq + jg * kBGroupBytes + half * kHalfBlocks * kQBlock;
       const float2* bs = s_bs + jg * (kBScaleBytes / 8) + half * kHalfBlocks;
