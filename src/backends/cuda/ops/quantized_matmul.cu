@@ -127,8 +127,8 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
 // ---- Staged matrix-vector kernel (contiguous weight rows, K a multiple of 256) ----
 //
 // One persistent CTA of 512 threads per SM streams its share of the weight rows through a ring
-// of up to kMaxStages shared-memory tiles of about 32 KB, each one bulk copy (TMA) that one
-// thread issues and an mbarrier completes, so about 100 KB per SM are in flight from the first
+// of up to kMaxStages shared-memory tiles of about 64 KB, each one bulk copy (TMA) that one
+// thread issues and an mbarrier completes, so about 190 KB per SM are in flight from the first
 // cycle while the CTA quantizes b into shared memory itself. (Eight stages were slower on the
 // H200: every tile arrived late and the compute no longer overlapped the copies.)
 // A tile is cut into groups of 8 blocks (256 elements, 144 or 272 bytes); each thread takes
@@ -141,8 +141,10 @@ constexpr int kMaxStages = 4;
 constexpr int kGroupBlocks = 8;
 constexpr int kHalfBlocks = kGroupBlocks / 2;
 constexpr int kGroupElems = kGroupBlocks * kQBlock;  // 256
-constexpr int kTileGroups = kStagedThreads / 2;      // most groups in a tile of several rows
-constexpr int kStageTargetBytes = 32 * 1024;         // one tile of rows
+constexpr int kPassGroups = kStagedThreads / 2;      // groups the CTA takes in one pass
+constexpr int kPasses = 2;  // groups per thread pair and tile: independent work in flight
+constexpr int kTileGroups = kPassGroups * kPasses;   // most groups in a tile of several rows
+constexpr int kTileSlots = 2 * kTileGroups;          // partial sums per tile and column
 constexpr int kBGroupBytes = kGroupElems + 16;       // int8 quants + pad: conflict-free rows
 constexpr int kBScaleBytes = kGroupBlocks * 8 + 16;  // {d, 8 d sum(q)} per block + pad
 
@@ -201,17 +203,18 @@ struct StagedLayout {
   size_t b_scale, reduce, stages, total;  // shared-memory offsets (b quants at 0) and size
 };
 
-// n_stages = 0: the shared memory (`budget` bytes) does not hold two tiles and b.
+// Tiles of about `target` bytes; n_stages = 0: the shared memory (`budget` bytes) does not
+// hold two tiles and b.
 template <DType kType>
-StagedLayout staged_layout(int64_t K, int cols, size_t budget) {
+StagedLayout staged_layout(int64_t K, int cols, size_t budget, int target) {
   StagedLayout l{};
   l.gpr = int(K / kGroupElems);
   const int row_bytes = l.gpr * GroupFormat<kType>::kBytes;
-  l.rows = std::max(1, std::min(kTileGroups / l.gpr, kStageTargetBytes / row_bytes));
+  l.rows = std::max(1, std::min(kTileGroups / l.gpr, target / row_bytes));
   l.stage_bytes = l.rows * row_bytes;
   l.b_scale = size_t(cols) * size_t(l.gpr) * kBGroupBytes;
   l.reduce = l.b_scale + size_t(cols) * size_t(l.gpr) * kBScaleBytes;
-  l.stages = l.reduce + 2 * size_t(cols) * kStagedThreads * sizeof(float);
+  l.stages = l.reduce + 2 * size_t(cols) * kTileSlots * sizeof(float);
   const size_t room = budget > l.stages ? (budget - l.stages) / size_t(l.stage_bytes) : 0;
   l.n_stages = int(std::min<size_t>(room, kMaxStages));
   if (l.n_stages < 2) l.n_stages = 0;
@@ -374,40 +377,62 @@ __global__ __launch_bounds__(kStagedThreads, 1) void staged_matvec_kernel(
     const int r0 = row_begin + tile * tile_rows;
     const int nr = min(tile_rows, row_end - r0);
     const uint8_t* stage = s_stage + slot * stage_bytes;
-    float acc[kCols];
+    // A thread pair takes kPasses groups kPassGroups apart, their loads issued together. With
+    // several rows per tile, rows * gpr <= kTileGroups: one round. With one row per tile, every
+    // group a thread takes belongs to that row.
+    const int n_groups = nr * gpr;
+    float acc[kPasses][kCols];
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
-    // With several rows per tile, rows * gpr <= 256: at most one group per thread pair. With
-    // one row per tile, every group a thread takes belongs to that row.
-    for (int gi = my_group; gi < nr * gpr; gi += kTileGroups) {
-      // A half group starts 72 or 136 bytes in: 8-byte aligned, so 8-byte loads need no shift.
-      const uint2* src =
-          reinterpret_cast<const uint2*>(stage + gi * F::kBytes + half * (F::kBytes / 2));
-      uint32_t w[F::kHalfWords];
+    for (int p = 0; p < kPasses; ++p)
 #pragma unroll
-      for (int v = 0; v < F::kHalfWords / 2; ++v) {
-        const uint2 x = src[v];
-        w[2 * v] = x.x, w[2 * v + 1] = x.y;
+      for (int c = 0; c < kCols; ++c) acc[p][c] = 0.0f;
+    for (int g0 = my_group; g0 < n_groups; g0 += kTileGroups) {
+      uint32_t w[kPasses][F::kHalfWords];
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) {
+        // A half group starts 72 or 136 bytes in: 8-byte aligned, so 8-byte loads need no
+        // shift. A group past the tile reads group g0 again; its sum is dropped.
+        const int gi = g0 + p * kPassGroups < n_groups ? g0 + p * kPassGroups : g0;
+        const uint2* src =
+            reinterpret_cast<const uint2*>(stage + gi * F::kBytes + half * (F::kBytes / 2));
+#pragma unroll
+        for (int v = 0; v < F::kHalfWords / 2; ++v) {
+          const uint2 x = src[v];
+          w[p][2 * v] = x.x, w[p][2 * v + 1] = x.y;
+        }
       }
-      const int jg = gi % gpr;
-      const int8_t* bq = s_bq + jg * kBGroupBytes + half * kHalfBlocks * kQBlock;
-      const float2* bs = s_bs + jg * (kBScaleBytes / 8) + half * kHalfBlocks;
-      half_group_block<kType, 0, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
-      half_group_block<kType, 1, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
-      half_group_block<kType, 2, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
-      half_group_block<kType, 3, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
-    }
-    float* red = s_red + (tile & 1) * kCols * kStagedThreads;
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) red[c * kStagedThreads + my_group * 2 + half] = acc[c];
+      for (int p = 0; p < kPasses; ++p) {
+        const int gi = g0 + p * kPassGroups;
+        const int jg = (gi < n_groups ? gi : g0) % gpr;
+        const int8_t* bq = s_bq + jg * kBGroupBytes + half * kHalfBlocks * kQBlock;
+        const float2* bs = s_bs + jg * (kBScaleBytes / 8) + half * kHalfBlocks;
+        float sum[kCols];
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) sum[c] = 0.0f;
+        half_group_block<kType, 0, kCols>(w[p], bq, bs, col_quant_bytes, col_scales, sum);
+        half_group_block<kType, 1, kCols>(w[p], bq, bs, col_quant_bytes, col_scales, sum);
+        half_group_block<kType, 2, kCols>(w[p], bq, bs, col_quant_bytes, col_scales, sum);
+        half_group_block<kType, 3, kCols>(w[p], bq, bs, col_quant_bytes, col_scales, sum);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) acc[p][c] += gi < n_groups ? sum[c] : 0.0f;
+      }
+    }
+    float* red = s_red + (tile & 1) * kCols * kTileSlots;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) {
+        red[c * kTileSlots + (my_group + p * kPassGroups) * 2 + half] = acc[p][c];
+      }
     __syncthreads();  // partials complete and the stage read by every thread
     if (tid == 0 && tile + n_stages < n_tiles) issue(tile + n_stages);
     // Row sums in a fixed order (deterministic): warp w takes rows w, w + 16, ...
-    const int n = tile_rows == 1 ? min(2 * gpr, kStagedThreads) : 2 * gpr;
+    const int n = tile_rows == 1 ? min(2 * gpr, kTileSlots) : 2 * gpr;
     for (int rr = warp; rr < nr; rr += kStagedThreads / 32) {
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
-        const float* r = red + c * kStagedThreads + (tile_rows == 1 ? 0 : rr * 2 * gpr);
+        const float* r = red + c * kTileSlots + (tile_rows == 1 ? 0 : rr * 2 * gpr);
         float v = 0.0f;
         for (int i = lane; i < n; i += 32) v += r[i];
         v = warp_sum(v);
@@ -436,7 +461,12 @@ bool launch_staged(const OpContext& ctx, const NodeExecution& e) {
   ctx.check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
             "quantized_matmul", "cudaDeviceGetAttribute");
   // The kernel's static shared memory (the stage barriers) comes out of the same budget.
-  const StagedLayout l = staged_layout<kType>(K, kCols, size_t(optin) - 256);
+  // 64 KB tiles, three in flight, where they fit (large b: smaller tiles).
+  StagedLayout l{};
+  for (int target : {64 * 1024, 32 * 1024, 16 * 1024}) {
+    l = staged_layout<kType>(K, kCols, size_t(optin) - 256, target);
+    if (l.n_stages >= 3) break;
+  }
   if (l.n_stages == 0) return false;
   auto kernel = staged_matvec_kernel<kType, kCols>;
   ctx.check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)),
