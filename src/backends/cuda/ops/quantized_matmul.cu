@@ -126,65 +126,45 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
 
 // ---- Staged matrix-vector kernel (contiguous weight rows, K a multiple of 256) ----
 //
-// One persistent CTA of 512 threads per SM streams its share of the weight rows through a ring
-// of up to kMaxStages shared-memory tiles of about 64 KB, each one bulk copy (TMA) that one
-// thread issues and an mbarrier completes, so about 190 KB per SM are in flight from the first
-// cycle while the CTA quantizes b into shared memory itself. (Eight stages were slower on the
-// H200: every tile arrived late and the compute no longer overlapped the copies.)
-// A tile is cut into groups of 8 blocks (256 elements, 144 or 272 bytes); each thread takes
-// half a group (4 blocks, 72 or 136 bytes: 8-byte aligned) and lanes l and l + 16 of a warp
-// share one. The kernel is launched as a programmatic dependent
+// One persistent CTA of 512 threads per SM streams its share of the weight rows through a
+// kStages-deep ring of shared-memory tiles with 16-byte cp.async copies (about 100 KB in flight
+// per SM) and quantizes b into shared memory itself. A tile is cut into groups of 8 blocks
+// (256 elements: 144 or 272 bytes, whole 16-byte words); each thread takes half a group (4
+// blocks) and lanes l and l + 16 of a warp share one, so the 16-byte shared loads of 8
+// neighbouring lanes fall in distinct banks. The kernel is launched as a programmatic dependent
 // of the previous kernel: it starts fetching weights (which no kernel writes) while that one
 // drains and waits for it (griddepcontrol.wait) before it reads b or writes out.
 constexpr int kStagedThreads = 512;
-constexpr int kMaxStages = 4;
+constexpr int kStages = 4;
 constexpr int kGroupBlocks = 8;
 constexpr int kHalfBlocks = kGroupBlocks / 2;
 constexpr int kGroupElems = kGroupBlocks * kQBlock;  // 256
-constexpr int kPassGroups = kStagedThreads / 2;      // groups the CTA takes in one pass
-constexpr int kPasses = 2;  // groups per thread pair and tile: independent work in flight
-constexpr int kTileGroups = kPassGroups * kPasses;   // most groups in a tile of several rows
-constexpr int kTileSlots = 2 * kTileGroups;          // partial sums per tile and column
+constexpr int kTileGroups = kStagedThreads / 2;      // most groups in a tile of several rows
+constexpr int kStageTargetBytes = 32 * 1024;         // one tile of rows
 constexpr int kBGroupBytes = kGroupElems + 16;       // int8 quants + pad: conflict-free rows
 constexpr int kBScaleBytes = kGroupBlocks * 8 + 16;  // {d, 8 d sum(q)} per block + pad
 
 template <DType kType>
 struct GroupFormat {
   static constexpr int kBlockBytes = kType == DType::Q4_0 ? 18 : 34;
-  static constexpr int kBytes = kGroupBlocks * kBlockBytes;         // 144 or 272
-  static constexpr int kHalfWords = kHalfBlocks * kBlockBytes / 4;  // 18 or 34
+  static constexpr int kBytes = kGroupBlocks * kBlockBytes;  // 144 or 272
+  // A half group is read as the 16-byte words [kHalfStart * h, + kWindowVecs * 16); its first
+  // block then starts 0 (h = 0) or 8 (h = 1) bytes in.
+  static constexpr int kHalfStart = kType == DType::Q4_0 ? 64 : 128;
+  static constexpr int kWindowVecs = kType == DType::Q4_0 ? 5 : 9;
+  static constexpr int kHalfWords = kHalfBlocks * kBlockBytes / 4 + 1;  // 18 or 34
 };
 
-__device__ __forceinline__ unsigned smem_address(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count)
-               : "memory");
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
-// One bulk copy of `bytes` (a multiple of 16, both ends 16-byte aligned) that completes `bar`'s
-// current phase; the calling thread is the phase's one arrival.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
-                                          uint64_t* bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)),
-               "r"(bytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(smem_address(dst)),
-      "l"(src), "r"(bytes), "r"(smem_address(bar))
-      : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
-  unsigned done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_address(bar)), "r"(parity)
-        : "memory");
-  }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 // Programmatic dependent launch: wait for the preceding kernel's results; let the next
 // kernel start launching.
@@ -199,26 +179,20 @@ struct StagedLayout {
   int gpr;                                // groups per row (K / 256)
   int rows;                               // rows per tile
   int stage_bytes;                        // rows * row bytes
-  int n_stages;                           // tiles in flight
   size_t b_scale, reduce, stages, total;  // shared-memory offsets (b quants at 0) and size
 };
 
-// Tiles of about `target` bytes; n_stages = 0: the shared memory (`budget` bytes) does not
-// hold two tiles and b.
 template <DType kType>
-StagedLayout staged_layout(int64_t K, int cols, size_t budget, int target) {
+StagedLayout staged_layout(int64_t K, int cols) {
   StagedLayout l{};
   l.gpr = int(K / kGroupElems);
   const int row_bytes = l.gpr * GroupFormat<kType>::kBytes;
-  l.rows = std::max(1, std::min(kTileGroups / l.gpr, target / row_bytes));
+  l.rows = std::max(1, std::min(kTileGroups / l.gpr, kStageTargetBytes / row_bytes));
   l.stage_bytes = l.rows * row_bytes;
   l.b_scale = size_t(cols) * size_t(l.gpr) * kBGroupBytes;
   l.reduce = l.b_scale + size_t(cols) * size_t(l.gpr) * kBScaleBytes;
-  l.stages = l.reduce + 2 * size_t(cols) * kTileSlots * sizeof(float);
-  const size_t room = budget > l.stages ? (budget - l.stages) / size_t(l.stage_bytes) : 0;
-  l.n_stages = int(std::min<size_t>(room, kMaxStages));
-  if (l.n_stages < 2) l.n_stages = 0;
-  l.total = l.stages + size_t(l.n_stages) * size_t(l.stage_bytes);
+  l.stages = l.reduce + size_t(cols) * kStagedThreads * sizeof(float);
+  l.total = l.stages + size_t(kStages) * size_t(l.stage_bytes);
   return l;
 }
 
@@ -286,12 +260,11 @@ __device__ __forceinline__ void half_group_block(
 template <DType kType, int kCols>
 __global__ __launch_bounds__(kStagedThreads, 1) void staged_matvec_kernel(
     const uint8_t* a, int64_t a_stride2, int64_t a_stride3, int64_t a_div2, int64_t a_div3, int M,
-    int gpr, int tile_rows, int stage_bytes, int n_stages, uint32_t off_scale, uint32_t off_reduce,
+    int gpr, int tile_rows, int stage_bytes, uint32_t off_scale, uint32_t off_reduce,
     uint32_t off_stages, const float* b, int64_t b_ne2, float* out) {
   using F = GroupFormat<kType>;
   constexpr bool kQ4 = kType == DType::Q4_0;
-  extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ uint64_t s_full[kMaxStages];
+  extern __shared__ __align__(16) uint8_t smem[];
   int8_t* s_bq = reinterpret_cast<int8_t*>(smem);
   float2* s_bs = reinterpret_cast<float2*>(smem + off_scale);
   float* s_red = reinterpret_cast<float*>(smem + off_reduce);
@@ -304,142 +277,114 @@ __global__ __launch_bounds__(kStagedThreads, 1) void staged_matvec_kernel(
   b += z * kCols * K;
   out += z * int64_t(M) * kCols;
 
-  // This CTA's rows: an even share, in tiles of tile_rows; tile t goes to stage t % n_stages.
+  // This CTA's rows: an even share, in tiles of tile_rows.
   const int row_begin = int(int64_t(M) * blockIdx.x / gridDim.x);
   const int row_end = int(int64_t(M) * (blockIdx.x + 1) / gridDim.x);
   const int n_tiles = (row_end - row_begin + tile_rows - 1) / tile_rows;
-  auto issue = [&](int tile) {  // thread 0 only
-    const int r0 = row_begin + tile * tile_rows;
-    const int nr = min(tile_rows, row_end - r0);
-    const int slot = tile % n_stages;
-    bulk_load(s_stage + slot * stage_bytes, az + int64_t(r0) * row_bytes, unsigned(nr * row_bytes),
-              &s_full[slot]);
+  auto issue = [&](int tile) {
+    if (tile < n_tiles) {
+      const int r0 = row_begin + tile * tile_rows;
+      const int nr = min(tile_rows, row_end - r0);
+      const uint8_t* src = az + int64_t(r0) * row_bytes;
+      uint8_t* dst = s_stage + (tile % kStages) * stage_bytes;
+      const int chunks = int(nr * row_bytes / 16);
+      for (int c = tid; c < chunks; c += kStagedThreads) cp_async16(dst + c * 16, src + c * 16);
+    }
+    cp_async_commit();  // possibly empty: keeps the group count uniform
   };
-  if (tid == 0) {
-    for (int s = 0; s < n_stages; ++s) mbarrier_init(&s_full[s], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    for (int t = 0; t < min(n_stages, n_tiles); ++t) issue(t);
-  }
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
   grid_launch_dependents();
   grid_dependency_wait();  // b is written by the preceding kernel
 
-  // Quantize b while the first tiles arrive: 8 lanes per block of 32, four floats each, with
-  // kQuantBatch loads in flight per thread.
-  constexpr int kQuantBatch = 8;
+  // Quantize b while the first tiles arrive: 8 lanes per block of 32, four floats each.
   const int blocks_per_col = gpr * kGroupBlocks;
-  const int tasks = kCols * blocks_per_col * 8;
-  for (int base = 0; base < tasks; base += kStagedThreads * kQuantBatch) {
-    float4 x[kQuantBatch];
+  const int total_blocks = kCols * blocks_per_col;
+#pragma unroll 4
+  for (int base = 0; base < total_blocks; base += kStagedThreads / 8) {
+    const int blk = base + tid / 8, part = tid % 8;
+    const bool valid = blk < total_blocks;
+    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (valid) x = __ldg(reinterpret_cast<const float4*>(b + int64_t(blk) * kQBlock) + part);
+    float amax = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
 #pragma unroll
-    for (int i = 0; i < kQuantBatch; ++i) {
-      const int task = base + i * kStagedThreads + tid;
-      x[i] = task < tasks ? __ldg(reinterpret_cast<const float4*>(b) + task)
-                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    const int q0 = int(rintf(x.x * inv)), q1 = int(rintf(x.y * inv));
+    const int q2 = int(rintf(x.z * inv)), q3 = int(rintf(x.w * inv));
+    int sum = q0 + q1 + q2 + q3;
 #pragma unroll
-    for (int i = 0; i < kQuantBatch; ++i) {
-      const int task = base + i * kStagedThreads + tid;  // 8 consecutive tasks share a block
-      float amax = fmaxf(fmaxf(fabsf(x[i].x), fabsf(x[i].y)), fmaxf(fabsf(x[i].z), fabsf(x[i].w)));
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      const float d = amax / 127.0f;
-      const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-      const int q0 = int(rintf(x[i].x * inv)), q1 = int(rintf(x[i].y * inv));
-      const int q2 = int(rintf(x[i].z * inv)), q3 = int(rintf(x[i].w * inv));
-      int sum = q0 + q1 + q2 + q3;
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (task < tasks) {
-        const int blk = task / 8, part = task % 8;
-        const int c = blk / blocks_per_col, bi = blk % blocks_per_col;
-        const int g = bi / kGroupBlocks, j = bi % kGroupBlocks;
-        const uint32_t packed = (uint32_t(q0) & 0xFFu) | ((uint32_t(q1) & 0xFFu) << 8) |
-                                ((uint32_t(q2) & 0xFFu) << 16) | (uint32_t(q3) << 24);
-        *reinterpret_cast<uint32_t*>(s_bq + (int64_t(c) * gpr + g) * kBGroupBytes + j * kQBlock +
-                                     part * 4) = packed;
-        if (part == 0) {
-          s_bs[(int64_t(c) * gpr + g) * (kBScaleBytes / 8) + j] =
-              make_float2(d, kQ4 ? 8.0f * d * float(sum) : 0.0f);
-        }
+    for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (valid) {
+      const int c = blk / blocks_per_col, bi = blk % blocks_per_col;
+      const int g = bi / kGroupBlocks, j = bi % kGroupBlocks;
+      const uint32_t packed = (uint32_t(q0) & 0xFFu) | ((uint32_t(q1) & 0xFFu) << 8) |
+                              ((uint32_t(q2) & 0xFFu) << 16) | (uint32_t(q3) << 24);
+      *reinterpret_cast<uint32_t*>(s_bq + (int64_t(c) * gpr + g) * kBGroupBytes + j * kQBlock +
+                                   part * 4) = packed;
+      if (part == 0) {
+        s_bs[(int64_t(c) * gpr + g) * (kBScaleBytes / 8) + j] =
+            make_float2(d, kQ4 ? 8.0f * d * float(sum) : 0.0f);
       }
     }
   }
-  __syncthreads();  // b (and the initialized barriers) visible to every thread
 
-  // Lanes l and l + 16 take the two halves of group 16 * warp + l % 16. Partials go to one of
-  // two reduction buffers (by tile parity), group-major, so a row's slots are contiguous.
+  // Lanes l and l + 16 take the two halves of group 16 * warp + l % 16.
   const int half = lane / 16;
   const int my_group = warp * 16 + lane % 16;
   const int col_quant_bytes = gpr * kBGroupBytes, col_scales = gpr * (kBScaleBytes / 8);
   for (int tile = 0; tile < n_tiles; ++tile) {
-    const int slot = tile % n_stages;
-    mbarrier_wait(&s_full[slot], unsigned(tile / n_stages) & 1u);
+    issue(tile + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    __syncthreads();  // this tile (and, the first time, b) is visible to every thread
     const int r0 = row_begin + tile * tile_rows;
     const int nr = min(tile_rows, row_end - r0);
-    const uint8_t* stage = s_stage + slot * stage_bytes;
-    // A thread pair takes kPasses groups kPassGroups apart, their loads issued together. With
-    // several rows per tile, rows * gpr <= kTileGroups: one round. With one row per tile, every
-    // group a thread takes belongs to that row.
-    const int n_groups = nr * gpr;
-    float acc[kPasses][kCols];
+    const uint8_t* stage = s_stage + (tile % kStages) * stage_bytes;
+    float acc[kCols];
 #pragma unroll
-    for (int p = 0; p < kPasses; ++p)
+    for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+    // With several rows per tile, rows * gpr <= 256: at most one group per thread pair. With
+    // one row per tile, every group a thread takes belongs to that row.
+    for (int gi = my_group; gi < nr * gpr; gi += kTileGroups) {
+      const uint8_t* src = stage + gi * F::kBytes + half * F::kHalfStart;
+      uint32_t raw[F::kWindowVecs * 4];
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) acc[p][c] = 0.0f;
-    for (int g0 = my_group; g0 < n_groups; g0 += kTileGroups) {
-      uint32_t w[kPasses][F::kHalfWords];
-#pragma unroll
-      for (int p = 0; p < kPasses; ++p) {
-        // A half group starts 72 or 136 bytes in: 8-byte aligned, so 8-byte loads need no
-        // shift. A group past the tile reads group g0 again; its sum is dropped.
-        const int gi = g0 + p * kPassGroups < n_groups ? g0 + p * kPassGroups : g0;
-        const uint2* src =
-            reinterpret_cast<const uint2*>(stage + gi * F::kBytes + half * (F::kBytes / 2));
-#pragma unroll
-        for (int v = 0; v < F::kHalfWords / 2; ++v) {
-          const uint2 x = src[v];
-          w[p][2 * v] = x.x, w[p][2 * v + 1] = x.y;
-        }
+      for (int v = 0; v < F::kWindowVecs; ++v) {
+        const uint4 x = *reinterpret_cast<const uint4*>(src + v * 16);
+        raw[4 * v] = x.x, raw[4 * v + 1] = x.y, raw[4 * v + 2] = x.z, raw[4 * v + 3] = x.w;
       }
+      uint32_t w[F::kHalfWords];  // the second half starts 2 words into its window
 #pragma unroll
-      for (int p = 0; p < kPasses; ++p) {
-        const int gi = g0 + p * kPassGroups;
-        const int jg = (gi < n_groups ? gi : g0) % gpr;
-        const int8_t* bq = s_bq + jg * kBGroupBytes + half * kHalfBlocks * kQBlock;
-        const float2* bs = s_bs + jg * (kBScaleBytes / 8) + half * kHalfBlocks;
-        float sum[kCols];
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) sum[c] = 0.0f;
-        half_group_block<kType, 0, kCols>(w[p], bq, bs, col_quant_bytes, col_scales, sum);
-        half_group_block<kType, 1, kCols>(w[p], bq, bs, col_quant_bytes, col_scales, sum);
-        half_group_block<kType, 2, kCols>(w[p], bq, bs, col_quant_bytes, col_scales, sum);
-        half_group_block<kType, 3, kCols>(w[p], bq, bs, col_quant_bytes, col_scales, sum);
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) acc[p][c] += gi < n_groups ? sum[c] : 0.0f;
-      }
+      for (int i = 0; i < F::kHalfWords; ++i) w[i] = half ? raw[i + 2] : raw[i];
+      const int jg = gi % gpr;
+      const int8_t* bq = s_bq + jg * kBGroupBytes + half * kHalfBlocks * kQBlock;
+      const float2* bs = s_bs + jg * (kBScaleBytes / 8) + half * kHalfBlocks;
+      half_group_block<kType, 0, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+      half_group_block<kType, 1, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+      half_group_block<kType, 2, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+      half_group_block<kType, 3, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
     }
-    float* red = s_red + (tile & 1) * kCols * kTileSlots;
 #pragma unroll
-    for (int c = 0; c < kCols; ++c)
-#pragma unroll
-      for (int p = 0; p < kPasses; ++p) {
-        red[c * kTileSlots + (my_group + p * kPassGroups) * 2 + half] = acc[p][c];
-      }
-    __syncthreads();  // partials complete and the stage read by every thread
-    if (tid == 0 && tile + n_stages < n_tiles) issue(tile + n_stages);
+    for (int c = 0; c < kCols; ++c) {
+      s_red[(c * 2 + half) * kTileGroups + my_group] = acc[c];
+    }
+    __syncthreads();  // partials complete; the stage may be refilled from here on
     // Row sums in a fixed order (deterministic): warp w takes rows w, w + 16, ...
-    const int n = tile_rows == 1 ? min(2 * gpr, kTileSlots) : 2 * gpr;
+    const int slots = tile_rows == 1 ? min(gpr, kTileGroups) : gpr;
     for (int rr = warp; rr < nr; rr += kStagedThreads / 32) {
+      const int lo = tile_rows == 1 ? 0 : rr * gpr;
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
-        const float* r = red + c * kTileSlots + (tile_rows == 1 ? 0 : rr * 2 * gpr);
+        const float* r = s_red + c * 2 * kTileGroups + lo;
         float v = 0.0f;
-        for (int i = lane; i < n; i += 32) v += r[i];
+        for (int i = lane; i < slots; i += 32) v += r[i] + r[kTileGroups + i];
         v = warp_sum(v);
         if (lane == 0) out[int64_t(c) * M + r0 + rr] = v;
       }
     }
   }
+  cp_async_wait<0>();  // no copy may outlive the CTA (the trailing groups are empty)
 }
 
 // Launches the staged kernel when the layout allows it; false leaves the node to the generic
@@ -456,18 +401,12 @@ bool launch_staged(const OpContext& ctx, const NodeExecution& e) {
       reinterpret_cast<uintptr_t>(bp) % 16 != 0 || !b.is_contiguous()) {
     return false;
   }
+  const StagedLayout l = staged_layout<kType>(K, kCols);
   int device = 0, optin = 0;
   ctx.check(cudaGetDevice(&device), "quantized_matmul", "cudaGetDevice");
   ctx.check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
             "quantized_matmul", "cudaDeviceGetAttribute");
-  // The kernel's static shared memory (the stage barriers) comes out of the same budget.
-  // 64 KB tiles, three in flight, where they fit (large b: smaller tiles).
-  StagedLayout l{};
-  for (int target : {64 * 1024, 32 * 1024, 16 * 1024}) {
-    l = staged_layout<kType>(K, kCols, size_t(optin) - 256, target);
-    if (l.n_stages >= 3) break;
-  }
-  if (l.n_stages == 0) return false;
+  if (l.total > size_t(optin)) return false;
   auto kernel = staged_matvec_kernel<kType, kCols>;
   ctx.check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)),
             "quantized_matmul", "cudaFuncSetAttribute");
@@ -487,7 +426,7 @@ bool launch_staged(const OpContext& ctx, const NodeExecution& e) {
   config.numAttrs = 1;
   ctx.check(cudaLaunchKernelEx(&config, kernel, ap, int64_t(a.nb[2]), int64_t(a.nb[3]),
                                int64_t(b.ne[2] / a.ne[2]), int64_t(b.ne[3] / a.ne[3]), int(M),
-                               l.gpr, l.rows, l.stage_bytes, l.n_stages, uint32_t(l.b_scale),
+                               l.gpr, l.rows, l.stage_bytes, uint32_t(l.b_scale),
                                uint32_t(l.reduce), uint32_t(l.stages), bp, int64_t(b.ne[2]),
                                static_cast<float*>(e.output.data)),
             "quantized_matmul", "cudaLaunchKernelEx");
