@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -131,9 +132,22 @@ class Graph {
              TensorDesc& out) const;
   void check_id(TensorId id, std::string_view where) const;
 
+  // signature() computed once per change of the graph (0: not yet); copies like a value.
+  struct SignatureMemo {
+    mutable std::atomic<uint64_t> value{0};
+    SignatureMemo() = default;
+    SignatureMemo(const SignatureMemo& other)
+        : value(other.value.load(std::memory_order_relaxed)) {}
+    SignatureMemo& operator=(const SignatureMemo& other) {
+      value.store(other.value.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      return *this;
+    }
+  };
+
   std::vector<Node> nodes_;
   std::vector<TensorDesc> tensors_;
   std::vector<TensorId> outputs_;
+  SignatureMemo signature_;
 };
 
 }  // namespace tandem

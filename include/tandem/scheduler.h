@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "tandem/backend.h"
@@ -136,7 +137,9 @@ class Residency {
     std::string tensor;
     size_t bytes = 0;
   };
+  static std::string key(std::string_view backend_id, std::string_view tensor);
   std::vector<Entry> entries_;
+  std::unordered_set<std::string> keys_;  // backend id '\0' tensor name, for contains()
   std::unordered_map<std::string, size_t> bytes_by_backend_;
   uint64_t hash_ = 0;
 };

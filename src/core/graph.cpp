@@ -111,6 +111,7 @@ TensorId Graph::push(Node node, TensorDesc desc) {
   if (desc.name.empty()) desc.name = std::string(op_name(node.op)) + "#" + std::to_string(id);
   nodes_.push_back(std::move(node));
   tensors_.push_back(std::move(desc));
+  signature_.value.store(0, std::memory_order_relaxed);
   return id;
 }
 
@@ -528,6 +529,7 @@ void Graph::mark_output(TensorId id) {
   outputs_.push_back(id);
   TensorDesc& t = tensors_[size_t(id)];
   if (t.role == TensorRole::Activation) t.role = TensorRole::Output;
+  signature_.value.store(0, std::memory_order_relaxed);
 }
 
 void Graph::set_name(TensorId id, std::string name) {
@@ -536,22 +538,20 @@ void Graph::set_name(TensorId id, std::string name) {
 }
 
 uint64_t Graph::signature() const {
-  // FNV-1a over the structure; names do not matter to a plan.
-  uint64_t h = 1469598103934665603ull;
+  if (uint64_t memo = signature_.value.load(std::memory_order_relaxed)) return memo;
+  // A 64-bit multiply-xorshift over the structure, one word at a time; names do not matter to
+  // a plan.
+  uint64_t h = 0x243F6A8885A308D3ull;
   auto mix = [&h](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (i * 8)) & 0xffu;
-      h *= 1099511628211ull;
-    }
+    h = (h ^ v) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
   };
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const Node& n = nodes_[i];
     const TensorDesc& t = tensors_[i];
-    mix(uint64_t(n.op));
-    mix(n.inputs.size());
+    mix(uint64_t(n.op) | uint64_t(n.inputs.size()) << 8 | uint64_t(t.dtype) << 16 |
+        uint64_t(t.role) << 24);
     for (TensorId in : n.inputs) mix(uint64_t(in));
-    mix(uint64_t(t.dtype));
-    mix(uint64_t(t.role));
     for (int d = 0; d < kMaxDims; ++d) {
       mix(uint64_t(t.ne[size_t(d)]));
       mix(uint64_t(t.nb[size_t(d)]));
@@ -561,11 +561,13 @@ uint64_t Graph::signature() const {
     __builtin_memcpy(&bits[0], &n.params.eps, 4);
     __builtin_memcpy(&bits[1], &n.params.scale, 4);
     __builtin_memcpy(&bits[2], &n.params.freq_base, 4);
-    for (uint32_t b : bits) mix(b);
-    mix(uint64_t(n.params.n_rot));
-    for (int32_t ax : n.params.axes) mix(uint64_t(ax));
+    mix(uint64_t(bits[0]) | uint64_t(bits[1]) << 32);
+    mix(uint64_t(bits[2]) | uint64_t(uint32_t(n.params.n_rot)) << 32);
+    for (int32_t ax : n.params.axes) mix(uint64_t(uint32_t(ax)));
   }
   for (TensorId o : outputs_) mix(uint64_t(o));
+  if (h == 0) h = 1;  // 0 marks "not computed"
+  signature_.value.store(h, std::memory_order_relaxed);
   return h;
 }
 

@@ -101,14 +101,23 @@ uint64_t entry_hash(std::string_view backend_id, std::string_view tensor) {
 }
 }  // namespace
 
+std::string Residency::key(std::string_view backend_id, std::string_view tensor) {
+  std::string k;
+  k.reserve(backend_id.size() + 1 + tensor.size());
+  k.append(backend_id).push_back('\0');
+  k.append(tensor);
+  return k;
+}
+
 void Residency::add(std::string_view backend_id, std::string_view tensor, size_t bytes) {
-  if (contains(backend_id, tensor)) return;
+  if (!keys_.insert(key(backend_id, tensor)).second) return;
   entries_.push_back({std::string(backend_id), std::string(tensor), bytes});
   bytes_by_backend_[std::string(backend_id)] += bytes;
   hash_ ^= entry_hash(backend_id, tensor);
 }
 
 void Residency::remove(std::string_view backend_id, std::string_view tensor) {
+  if (keys_.erase(key(backend_id, tensor)) == 0) return;
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (entries_[i].backend_id == backend_id && entries_[i].tensor == tensor) {
       bytes_by_backend_[entries_[i].backend_id] -= entries_[i].bytes;
@@ -120,10 +129,7 @@ void Residency::remove(std::string_view backend_id, std::string_view tensor) {
 }
 
 bool Residency::contains(std::string_view backend_id, std::string_view tensor) const {
-  for (const Entry& e : entries_) {
-    if (e.backend_id == backend_id && e.tensor == tensor) return true;
-  }
-  return false;
+  return keys_.count(key(backend_id, tensor)) != 0;
 }
 
 std::vector<std::string> Residency::locations(std::string_view tensor) const {

@@ -87,6 +87,19 @@ __device__ __forceinline__ float transpose_reduce(float (&v)[32], int lane) {
   return v[0];
 }
 
+// The split handshake: each block has published its partial result; the last of `splits`
+// blocks to arrive at `counter` returns true and then sees every partial. Called by every
+// thread of the block; s_last is a __shared__ flag.
+__device__ __forceinline__ bool last_to_arrive(uint32_t* counter, int splits, bool& s_last) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == uint32_t(splits - 1);
+  __syncthreads();
+  if (!s_last) return false;
+  __threadfence();
+  return true;
+}
+
 template <typename T, int kDpl, bool kFull>
 __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
     const float* q, const T* k, const T* v, const int32_t* pos, float* out, int D, int Hq, int Hkv,
@@ -222,13 +235,8 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
     }
   }
   if (splits == 1) return;
-  __threadfence();
-  __syncthreads();
   uint32_t* counter = counters + int64_t(t) * gridDim.x + blockIdx.x;
-  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == uint32_t(splits - 1);
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
+  if (!last_to_arrive(counter, splits, s_last)) return;
   // Warp g finds head g's slice scales (one pass over m and l); then each warp sums a quarter
   // of the slices for every head with vector loads, and the warps' sums meet in shared memory.
   float* s_scale = &s_acc[0][0][0];  // reused: kMaxGroup * splits floats (splits <= kMaxSplits)
@@ -586,13 +594,8 @@ __global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_att
     }
   }
   if (splits == 1) return;
-  __threadfence();
-  __syncthreads();
   uint32_t* counter = counters + int64_t(t) * gridDim.x + blockIdx.x;
-  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == uint32_t(splits - 1);
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
+  if (!last_to_arrive(counter, splits, s_last)) return;
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (and graph replays)
 
   // Thread: head g, dims 4c..4c+3, splits of one parity; all its loads are in flight at once.

@@ -78,6 +78,25 @@ __device__ __forceinline__ void store_f32(DType dtype, void* row, int64_t i, flo
   }
 }
 
+// The 4-d index of flat element i of a tensor with extents ne (ggml order: ne[0] fastest).
+struct Index4 {
+  int64_t i0, i1, i2, i3;
+};
+__device__ __forceinline__ Index4 unflatten(int64_t i, const int64_t (&ne)[4]) {
+  Index4 x;
+  x.i0 = i % ne[0];
+  i /= ne[0];
+  x.i1 = i % ne[1];
+  i /= ne[1];
+  x.i2 = i % ne[2];
+  x.i3 = i / ne[2];
+  return x;
+}
+// Byte offset of that element under byte strides nb.
+__device__ __forceinline__ int64_t byte_offset(const Index4& x, const int64_t (&nb)[4]) {
+  return x.i0 * nb[0] + x.i1 * nb[1] + x.i2 * nb[2] + x.i3 * nb[3];
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -18,14 +18,7 @@ __global__ void cast_kernel(const uint8_t* src, DType src_dtype, Layout in, void
                             DType dst_dtype, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t r = i;
-    const int64_t i0 = r % in.ne[0];
-    r /= in.ne[0];
-    const int64_t i1 = r % in.ne[1];
-    r /= in.ne[1];
-    const int64_t i2 = r % in.ne[2];
-    const int64_t i3 = r / in.ne[2];
-    const uint8_t* p = src + i0 * in.nb[0] + i1 * in.nb[1] + i2 * in.nb[2] + i3 * in.nb[3];
+    const uint8_t* p = src + byte_offset(unflatten(i, in.ne), in.nb);
     store_f32(dst_dtype, dst, i, load_f32(src_dtype, p, 0));
   }
 }
@@ -35,14 +28,7 @@ __global__ void bits_kernel(const uint8_t* src, Layout in, uint8_t* dst, int64_t
                             int element_bytes) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t r = i;
-    const int64_t i0 = r % in.ne[0];
-    r /= in.ne[0];
-    const int64_t i1 = r % in.ne[1];
-    r /= in.ne[1];
-    const int64_t i2 = r % in.ne[2];
-    const int64_t i3 = r / in.ne[2];
-    const uint8_t* p = src + i0 * in.nb[0] + i1 * in.nb[1] + i2 * in.nb[2] + i3 * in.nb[3];
+    const uint8_t* p = src + byte_offset(unflatten(i, in.ne), in.nb);
     for (int b = 0; b < element_bytes; ++b) dst[i * element_bytes + b] = p[b];
   }
 }

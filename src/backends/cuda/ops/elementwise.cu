@@ -30,15 +30,10 @@ __global__ void binary_kernel(const float* a, const float* b, float* out, int64_
     } else if (mode == 1) {
       ib = i % sb.ne[0];  // b is one row broadcast over a's rows
     } else {
-      int64_t r = i;
-      const int64_t i0 = r % sa.ne[0];
-      r /= sa.ne[0];
-      const int64_t i1 = r % sa.ne[1];
-      r /= sa.ne[1];
-      const int64_t i2 = r % sa.ne[2];
-      const int64_t i3 = r / sa.ne[2];
-      ib = (((i3 % sb.ne[3]) * sb.ne[2] + i2 % sb.ne[2]) * sb.ne[1] + i1 % sb.ne[1]) * sb.ne[0] +
-           i0 % sb.ne[0];
+      const Index4 x = unflatten(i, sa.ne);
+      ib = (((x.i3 % sb.ne[3]) * sb.ne[2] + x.i2 % sb.ne[2]) * sb.ne[1] + x.i1 % sb.ne[1]) *
+               sb.ne[0] +
+           x.i0 % sb.ne[0];
     }
     out[i] = apply<kKind>(a[i], b[ib]);
   }

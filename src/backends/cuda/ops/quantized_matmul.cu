@@ -152,7 +152,7 @@ struct GroupFormat {
   // block then starts 0 (h = 0) or 8 (h = 1) bytes in.
   static constexpr int kHalfStart = kType == DType::Q4_0 ? 64 : 128;
   static constexpr int kWindowVecs = kType == DType::Q4_0 ? 5 : 9;
-  static constexpr int kHalfWords = kHalfBlocks * kBlockBytes / 4 + 1;  // 18 or 34
+  static constexpr int kHalfWords = kHalfBlocks * kBlockBytes / 4;  // 18 or 34
 };
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -204,6 +204,7 @@ __device__ __forceinline__ float block_words(const uint32_t (&w)[GroupFormat<kTy
                                              uint32_t (&q)[kType == DType::Q4_0 ? 4 : 8]) {
   constexpr int kOff = kBlk * GroupFormat<kType>::kBlockBytes;
   constexpr int kN = kType == DType::Q4_0 ? 4 : 8;
+  static_assert(kOff / 4 + kN < GroupFormat<kType>::kHalfWords, "block runs past the half group");
   uint16_t d;
   if constexpr (kOff % 4 == 0) {
     d = uint16_t(w[kOff / 4] & 0xFFFFu);
@@ -355,6 +356,7 @@ __global__ __launch_bounds__(kStagedThreads, 1) void staged_matvec_kernel(
         raw[4 * v] = x.x, raw[4 * v + 1] = x.y, raw[4 * v + 2] = x.z, raw[4 * v + 3] = x.w;
       }
       uint32_t w[F::kHalfWords];  // the second half starts 2 words into its window
+      static_assert(F::kHalfWords + 2 <= F::kWindowVecs * 4);
 #pragma unroll
       for (int i = 0; i < F::kHalfWords; ++i) w[i] = half ? raw[i + 2] : raw[i];
       const int jg = gi % gpr;
