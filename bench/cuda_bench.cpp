@@ -195,6 +195,33 @@ BENCHMARK(BM_QuantizedMatvec)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
+// Llama-3-8B's Q, K and V projections of one token (4096 -> 4096, 1024, 1024) as a segment:
+// the backend runs each triple as one launch. Time and bytes per triple; 8 triples rotate.
+void BM_QkvMatvec(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const DType dtype = state.range(0) == 4 ? DType::Q4_0 : DType::Q8_0;
+  constexpr int kCopies = 8;
+  const int64_t K = 4096, rows[3] = {4096, 1024, 1024};
+  Graph g;
+  TensorId x = g.input("x", DType::F32, {K, 1});
+  double bytes = 4.0 * double(K);
+  for (int i = 0; i < kCopies; ++i) {
+    for (int p = 0; p < 3; ++p) {
+      g.mark_output(g.matmul(g.weight(indexed(p == 0   ? "q"
+                                              : p == 1 ? "k"
+                                                       : "v",
+                                              i),
+                                      dtype, {K, rows[p]}),
+                             x));
+      if (i == 0) bytes += double(row_bytes(dtype, K)) * double(rows[p]) + 4.0 * double(rows[p]);
+    }
+  }
+  DeviceGraph dg(std::move(g), *gpu());
+  run_timed(state, dg, kCopies, bytes, 2.0 * double(K) * 6144.0);
+  state.SetLabel(std::string(dtype_name(dtype)) + " per q/k/v triple");
+}
+BENCHMARK(BM_QkvMatvec)->Arg(4)->Arg(8)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
 void BM_QuantizedMatmul(benchmark::State& state) {
   REQUIRE_GPU(state);
   const int64_t K = state.range(0), M = state.range(1), N = state.range(2);

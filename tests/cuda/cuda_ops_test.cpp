@@ -159,6 +159,32 @@ TEST(CudaOps, MatMulEveryWeightType) {
   }
 }
 
+// Matrix-vector products of one b run as one launch inside a segment (Q, K, V; gate and up);
+// the run stops at three, at another b, another K or dtype, and where the layout rules it out.
+TEST(CudaOps, FusedMatvecsShareOneLaunch) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType d : {DType::Q4_0, DType::Q8_0}) {
+    for (int64_t n : {1, 3}) {
+      Graph g;
+      TensorId x = g.input("x", DType::F32, {512, n});
+      TensorId y = g.input("y", DType::F32, {512, n});
+      TensorId z = g.input("z", DType::F32, {96, n});
+      g.mark_output(g.matmul(g.weight("wq", d, {512, 300}), x));
+      g.mark_output(g.matmul(g.weight("wk", d, {512, 77}), x));
+      g.mark_output(g.matmul(g.weight("wv", d, {512, 77}), x));
+      g.mark_output(g.matmul(g.weight("w4", d, {512, 130}), x));  // a fourth: a new run
+      g.mark_output(g.matmul(g.weight("wg", d, {512, 1000}), y));
+      g.mark_output(g.matmul(g.weight("wu", d, {512, 1000}), y));
+      g.mark_output(g.matmul(g.weight("wz", d, {96, 40}), z));  // generic kernel
+      g.mark_output(g.matmul(g.weight("wz2", d, {96, 40}), z));
+      const std::string what =
+          "fused matvecs " + std::string(dtype_name(d)) + " n=" + std::to_string(n);
+      expect_close(compare_with_reference(g, *backend, {}, /*as_segment=*/true), kMatmul, what);
+      expect_close(compare_with_reference(g, *backend, {}, /*as_segment=*/false), kMatmul, what);
+    }
+  }
+}
+
 TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
   TANDEM_REQUIRE_GPU(backend);
   for (DType d : {DType::Q4_0, DType::Q8_0}) {

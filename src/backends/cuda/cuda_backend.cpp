@@ -293,7 +293,11 @@ void CudaBackend::execute_segment(const Graph& graph, std::span<const NodeExecut
   TANDEM_CUDA_CHECK(state_, "graph capture",
                     cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
-    for (const NodeExecution& e : segment) cuda::run_op(ctx, e);
+    for (size_t i = 0; i < segment.size();) {
+      const size_t fused = cuda::run_fused_matvecs(ctx, segment.subspan(i));
+      if (fused == 0) cuda::run_op(ctx, segment[i]);
+      i += std::max<size_t>(fused, 1);
+    }
   } catch (...) {
     cudaGraph_t partial = nullptr;
     (void)cudaStreamEndCapture(stream_, &partial);

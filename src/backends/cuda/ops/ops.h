@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "cuda_check.h"
 #include "tandem/backend.h"
@@ -59,6 +60,9 @@ void run_matmul(const OpContext& ctx, const NodeExecution& e);
 size_t matmul_scratch_bytes(const NodeExecution& e);
 void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e);
 size_t quantized_matmul_scratch_bytes(const NodeExecution& e);
+// Runs the first nodes of `segment` as one launch when they are matrix-vector products of the
+// same b (Q, K and V; gate and up); returns how many it ran (0: run the first node alone).
+size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment);
 void run_attention(const OpContext& ctx, const NodeExecution& e);
 size_t attention_scratch_bytes(const NodeExecution& e, int sm_count);
 // Largest batch (columns of b) served by the matrix-vector kernels.

@@ -3,6 +3,7 @@
 // multiplying with __dp4a. More columns: the weights are dequantized to f16 and multiplied on
 // tensor cores by cuBLAS with f32 accumulation.
 #include <algorithm>
+#include <span>
 
 #include "common.cuh"
 #include "ops.h"
@@ -258,11 +259,31 @@ __device__ __forceinline__ void half_group_block(
   }
 }
 
+// Up to kMaxParts weight matrices (same K and dtype) multiplying the same b in one launch (Q, K
+// and V; gate and up): rows [row_start[p], row_start[p + 1]) of all rows are matrix p's.
+constexpr int kMaxParts = 3;
+struct MatvecParts {
+  const uint8_t* a[kMaxParts];
+  float* out[kMaxParts];
+  int row_start[kMaxParts + 1];
+  int count;
+};
+
+// v[i] with constant indices only (a run-time index would copy the kernel parameter to local
+// memory).
+template <typename T, int kN>
+__device__ __forceinline__ T pick(const T (&v)[kN], int i) {
+  T r = v[0];
+#pragma unroll
+  for (int k = 1; k < kN; ++k) r = i == k ? v[k] : r;
+  return r;
+}
+
 template <DType kType, int kCols>
 __global__ __launch_bounds__(kStagedThreads, 1) void staged_matvec_kernel(
-    const uint8_t* a, int64_t a_stride2, int64_t a_stride3, int64_t a_div2, int64_t a_div3, int M,
+    MatvecParts parts, int64_t a_stride2, int64_t a_stride3, int64_t a_div2, int64_t a_div3,
     int gpr, int tile_rows, int stage_bytes, uint32_t off_scale, uint32_t off_reduce,
-    uint32_t off_stages, const float* b, int64_t b_ne2, float* out) {
+    uint32_t off_stages, const float* b, int64_t b_ne2) {
   using F = GroupFormat<kType>;
   constexpr bool kQ4 = kType == DType::Q4_0;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -274,27 +295,39 @@ __global__ __launch_bounds__(kStagedThreads, 1) void staged_matvec_kernel(
   const int64_t z = blockIdx.y, i2 = z % b_ne2, i3 = z / b_ne2;
   const int64_t K = int64_t(gpr) * kGroupElems;
   const int64_t row_bytes = int64_t(gpr) * F::kBytes;
-  const uint8_t* az = a + (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3;
+  const int64_t a_batch = (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3;
   b += z * kCols * K;
-  out += z * int64_t(M) * kCols;
+  const int M = pick(parts.row_start, parts.count);  // the rows of every part
 
-  // This CTA's rows: an even share, in tiles of tile_rows.
+  // This CTA's rows: an even share, in tiles of up to tile_rows that never straddle two parts.
   const int row_begin = int(int64_t(M) * blockIdx.x / gridDim.x);
   const int row_end = int(int64_t(M) * (blockIdx.x + 1) / gridDim.x);
-  const int n_tiles = (row_end - row_begin + tile_rows - 1) / tile_rows;
-  auto issue = [&](int tile) {
-    if (tile < n_tiles) {
-      const int r0 = row_begin + tile * tile_rows;
-      const int nr = min(tile_rows, row_end - r0);
-      const uint8_t* src = az + int64_t(r0) * row_bytes;
-      uint8_t* dst = s_stage + (tile % kStages) * stage_bytes;
+  auto part_of = [&](int r) {
+    int p = 0;
+#pragma unroll
+    for (int k = 1; k < kMaxParts; ++k) p += k < parts.count && r >= parts.row_start[k];
+    return p;
+  };
+  auto rows_at = [&](int r, int p) {
+    return min(min(tile_rows, row_end - r), pick(parts.row_start, p + 1) - r);
+  };
+  int issue_row = row_begin, issued = 0;
+  auto issue = [&] {  // the next tile, into slot (its index) % kStages
+    if (issue_row < row_end) {
+      const int p = part_of(issue_row);
+      const int nr = rows_at(issue_row, p);
+      const uint8_t* src =
+          pick(parts.a, p) + a_batch + int64_t(issue_row - pick(parts.row_start, p)) * row_bytes;
+      uint8_t* dst = s_stage + (issued % kStages) * stage_bytes;
       const int chunks = int(nr * row_bytes / 16);
       for (int c = tid; c < chunks; c += kStagedThreads) cp_async16(dst + c * 16, src + c * 16);
+      issue_row += nr;
     }
+    ++issued;
     cp_async_commit();  // possibly empty: keeps the group count uniform
   };
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  for (int s = 0; s < kStages - 1; ++s) issue();
   grid_launch_dependents();
   grid_dependency_wait();  // b is written by the preceding kernel
 
@@ -335,12 +368,13 @@ __global__ __launch_bounds__(kStagedThreads, 1) void staged_matvec_kernel(
   const int half = lane / 16;
   const int my_group = warp * 16 + lane % 16;
   const int col_quant_bytes = gpr * kBGroupBytes, col_scales = gpr * (kBScaleBytes / 8);
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    issue(tile + kStages - 1);
+  int tile = 0;
+  for (int r0 = row_begin; r0 < row_end; ++tile) {
+    issue();  // tile + kStages - 1
     cp_async_wait<kStages - 1>();
     __syncthreads();  // this tile (and, the first time, b) is visible to every thread
-    const int r0 = row_begin + tile * tile_rows;
-    const int nr = min(tile_rows, row_end - r0);
+    const int p = part_of(r0);
+    const int nr = rows_at(r0, p);
     const uint8_t* stage = s_stage + (tile % kStages) * stage_bytes;
     float acc[kCols];
 #pragma unroll
@@ -373,6 +407,9 @@ __global__ __launch_bounds__(kStagedThreads, 1) void staged_matvec_kernel(
     }
     __syncthreads();  // partials complete; the stage may be refilled from here on
     // Row sums in a fixed order (deterministic): warp w takes rows w, w + 16, ...
+    const int part_begin = pick(parts.row_start, p);
+    const int part_rows = pick(parts.row_start, p + 1) - part_begin;
+    float* out = pick(parts.out, p) + z * int64_t(part_rows) * kCols;
     const int slots = tile_rows == 1 ? min(gpr, kTileGroups) : gpr;
     for (int rr = warp; rr < nr; rr += kStagedThreads / 32) {
       const int lo = tile_rows == 1 ? 0 : rr * gpr;
@@ -382,27 +419,46 @@ __global__ __launch_bounds__(kStagedThreads, 1) void staged_matvec_kernel(
         float v = 0.0f;
         for (int i = lane; i < slots; i += 32) v += r[i] + r[kTileGroups + i];
         v = warp_sum(v);
-        if (lane == 0) out[int64_t(c) * M + r0 + rr] = v;
+        if (lane == 0) out[int64_t(c) * part_rows + (r0 - part_begin) + rr] = v;
       }
     }
+    r0 += nr;
   }
   cp_async_wait<0>();  // no copy may outlive the CTA (the trailing groups are empty)
 }
 
-// Launches the staged kernel when the layout allows it; false leaves the node to the generic
-// kernel (strided or unaligned weights, K not a multiple of 256, too little shared memory).
+// Launches the staged kernel for one node, or for several that share b (one part each), when
+// the layout allows it; false leaves them to the generic kernel (strided or unaligned weights, K
+// not a multiple of 256, too little shared memory).
 template <DType kType, int kCols>
-bool launch_staged(const OpContext& ctx, const NodeExecution& e) {
-  const TensorDesc& a = *e.inputs[0].desc;
-  const TensorDesc& b = *e.inputs[1].desc;
-  const int64_t K = a.ne[0], M = a.ne[1];
-  const auto* ap = static_cast<const uint8_t*>(e.inputs[0].data);
-  const auto* bp = static_cast<const float*>(e.inputs[1].data);
-  if (K % kGroupElems != 0 || size_t(a.nb[1]) != row_bytes(kType, K) || a.nb[2] % 16 != 0 ||
-      a.nb[3] % 16 != 0 || reinterpret_cast<uintptr_t>(ap) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(bp) % 16 != 0 || !b.is_contiguous()) {
+bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
+  const NodeExecution& first = execs.front();
+  const TensorDesc& a0 = *first.inputs[0].desc;
+  const TensorDesc& b = *first.inputs[1].desc;
+  const int64_t K = a0.ne[0];
+  const auto* bp = static_cast<const float*>(first.inputs[1].data);
+  const bool fused = execs.size() > 1;
+  if (K % kGroupElems != 0 || reinterpret_cast<uintptr_t>(bp) % 16 != 0 || !b.is_contiguous() ||
+      execs.size() > size_t(kMaxParts) || (fused && b.ne[2] * b.ne[3] != 1)) {
     return false;
   }
+  MatvecParts parts{};
+  parts.count = int(execs.size());
+  for (size_t i = 0; i < execs.size(); ++i) {
+    const TensorDesc& a = *execs[i].inputs[0].desc;
+    const auto* ap = static_cast<const uint8_t*>(execs[i].inputs[0].data);
+    if (a.dtype != kType || a.ne[0] != K || size_t(a.nb[1]) != row_bytes(kType, K) ||
+        a.nb[2] % 16 != 0 || a.nb[3] % 16 != 0 || reinterpret_cast<uintptr_t>(ap) % 16 != 0 ||
+        execs[i].inputs[1].data != first.inputs[1].data || execs[i].inputs[1].desc->ne != b.ne ||
+        execs[i].inputs[1].desc->nb != b.nb || (fused && a.ne[2] * a.ne[3] != 1) ||
+        parts.row_start[i] + a.ne[1] > int64_t(INT32_MAX)) {
+      return false;
+    }
+    parts.a[i] = ap;
+    parts.out[i] = static_cast<float*>(execs[i].output.data);
+    parts.row_start[i + 1] = int(parts.row_start[i] + a.ne[1]);
+  }
+  const int64_t M = parts.row_start[parts.count];
   const StagedLayout l = staged_layout<kType>(K, kCols);
   int device = 0, optin = 0;
   ctx.check(cudaGetDevice(&device), "quantized_matmul", "cudaGetDevice");
@@ -426,21 +482,24 @@ bool launch_staged(const OpContext& ctx, const NodeExecution& e) {
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
   config.numAttrs = 1;
-  ctx.check(cudaLaunchKernelEx(&config, kernel, ap, int64_t(a.nb[2]), int64_t(a.nb[3]),
-                               int64_t(b.ne[2] / a.ne[2]), int64_t(b.ne[3] / a.ne[3]), int(M),
-                               l.gpr, l.rows, l.stage_bytes, uint32_t(l.b_scale),
-                               uint32_t(l.reduce), uint32_t(l.stages), bp, int64_t(b.ne[2]),
-                               static_cast<float*>(e.output.data)),
+  ctx.check(cudaLaunchKernelEx(&config, kernel, parts, int64_t(a0.nb[2]), int64_t(a0.nb[3]),
+                               int64_t(b.ne[2] / a0.ne[2]), int64_t(b.ne[3] / a0.ne[3]), l.gpr,
+                               l.rows, l.stage_bytes, uint32_t(l.b_scale), uint32_t(l.reduce),
+                               uint32_t(l.stages), bp, int64_t(b.ne[2])),
             "quantized_matmul", "cudaLaunchKernelEx");
   return true;
 }
 
 template <int kCols>
+bool launch_staged_for(const OpContext& ctx, std::span<const NodeExecution> execs) {
+  return execs.front().inputs[0].desc->dtype == DType::Q4_0
+             ? launch_staged<DType::Q4_0, kCols>(ctx, execs)
+             : launch_staged<DType::Q8_0, kCols>(ctx, execs);
+}
+
+template <int kCols>
 void launch_matvec(const OpContext& ctx, const NodeExecution& e) {
-  if (e.inputs[0].desc->dtype == DType::Q4_0 ? launch_staged<DType::Q4_0, kCols>(ctx, e)
-                                             : launch_staged<DType::Q8_0, kCols>(ctx, e)) {
-    return;
-  }
+  if (launch_staged_for<kCols>(ctx, std::span(&e, 1))) return;
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
   const int64_t K = a.ne[0], M = a.ne[1];
@@ -513,6 +572,53 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
                   "quantized_matmul");
   gemm_batched(ctx, "quantized_matmul", a, a_half, DType::F16, b, b_half, DType::F16,
                static_cast<float*>(e.output.data));
+}
+
+size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment) {
+  auto is_matvec = [](const NodeExecution& e) {
+    return e.node->op == OpKind::QuantizedMatMul && e.inputs[1].desc->ne[1] >= 1 &&
+           e.inputs[1].desc->ne[1] <= kMatvecMaxColumns;
+  };
+  if (segment.size() < 2 || !is_matvec(segment[0])) return 0;
+  const NodeExecution& first = segment[0];
+  size_t n = 1;
+  while (n < segment.size() && n < size_t(kMaxParts) && is_matvec(segment[n]) &&
+         segment[n].inputs[1].data == first.inputs[1].data &&
+         segment[n].inputs[1].desc->ne == first.inputs[1].desc->ne &&
+         segment[n].inputs[0].desc->dtype == first.inputs[0].desc->dtype &&
+         segment[n].inputs[0].desc->ne[0] == first.inputs[0].desc->ne[0]) {
+    ++n;
+  }
+  if (n < 2) return 0;
+  const auto run = segment.first(n);
+  bool done = false;
+  switch (first.inputs[1].desc->ne[1]) {
+    case 1:
+      done = launch_staged_for<1>(ctx, run);
+      break;
+    case 2:
+      done = launch_staged_for<2>(ctx, run);
+      break;
+    case 3:
+      done = launch_staged_for<3>(ctx, run);
+      break;
+    case 4:
+      done = launch_staged_for<4>(ctx, run);
+      break;
+    case 5:
+      done = launch_staged_for<5>(ctx, run);
+      break;
+    case 6:
+      done = launch_staged_for<6>(ctx, run);
+      break;
+    case 7:
+      done = launch_staged_for<7>(ctx, run);
+      break;
+    default:
+      done = launch_staged_for<8>(ctx, run);
+      break;
+  }
+  return done ? n : 0;
 }
 
 }  // namespace tandem::cuda
