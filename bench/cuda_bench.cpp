@@ -175,9 +175,11 @@ void BM_QuantizedMatvec(benchmark::State& state) {
   const int64_t K = state.range(0), M = state.range(1), N = state.range(2);
   const DType dtype = state.range(3) == 4 ? DType::Q4_0 : DType::Q8_0;
   constexpr int kCopies = 8;  // 8 weight matrices rotate past the L2
+  // Each product gets its own vector: products of one vector would run as one launch
+  // (BM_QkvMatvec measures that).
   Graph g;
-  TensorId x = g.input("x", DType::F32, {K, N});
   for (int i = 0; i < kCopies; ++i) {
+    TensorId x = g.input(indexed("x", i), DType::F32, {K, N});
     g.mark_output(g.matmul(g.weight(indexed("w", i), dtype, {K, M}), x));
   }
   DeviceGraph dg(std::move(g), *gpu());
