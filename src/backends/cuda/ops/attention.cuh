@@ -1,0 +1,50 @@
+// What the two attention kernels share (attention.cu: every shape; decode_attention.cu: f16
+// decode on tensor cores): the split of the context over blocks and how the splits meet.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ops.h"
+
+namespace tandem::cuda {
+
+// A split's partial result in scratch: m, l, two pad floats (keep acc 16-byte aligned), acc[D].
+inline constexpr int kPartialHeader = 4;
+
+// Blocks: (kv head x group_slices) x splits x tokens; a split covers `chunk` cache positions.
+struct AttentionPlan {
+  int group_slices;
+  int splits;
+  int chunk;
+};
+
+// Scratch bytes of the plan's partial results (none for one split).
+size_t partial_bytes(const TensorDesc& q, const AttentionPlan& plan);
+// The plan, or one split per block where the context lacks counters or scratch for it.
+AttentionPlan fit_to_context(const OpContext& ctx, const TensorDesc& q, const TensorDesc& k,
+                             AttentionPlan plan);
+
+inline bool is_aligned(const void* p, size_t a) {
+  return reinterpret_cast<uintptr_t>(p) % a == 0;
+}
+
+// The split handshake: each block has published its partial result; the last of `splits`
+// blocks to arrive at `counter` returns true and then sees every partial. Called by every
+// thread of the block; s_last is a __shared__ flag.
+__device__ __forceinline__ bool last_to_arrive(uint32_t* counter, int splits, bool& s_last) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == uint32_t(splits - 1);
+  __syncthreads();
+  if (!s_last) return false;
+  __threadfence();
+  return true;
+}
+
+// The decode kernel: the scratch it would use for this node (0 when the shape is not its), and
+// its launch when the node's shape, alignment and device allow (false: use the general kernel).
+size_t decode_attention_scratch_bytes(const NodeExecution& e, int sm_count);
+bool try_decode_attention(const OpContext& ctx, const NodeExecution& e);
+
+}  // namespace tandem::cuda

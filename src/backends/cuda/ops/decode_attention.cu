@@ -1,0 +1,450 @@
+// Decode attention over an f16 KV cache with head dim 128 on tensor cores (the general kernel
+// in attention.cu serves every other shape).
+#include <algorithm>
+#include <atomic>
+
+#include "attention.cuh"
+#include "common.cuh"
+
+namespace tandem::cuda {
+
+namespace {
+
+// The decode kernel: f16 cache, head dim 128, few query tokens. Two blocks share an SM; each warp
+// streams tiles of 8 keys through a 2-deep cp.async ring in shared memory and scores and sums
+// them on tensor cores. The QK^T mma's 16 rows carry each head of the group twice: rows 0-3 the
+// f16 nearest q (and p), rows 4-7 the f16 rounding error, so the products keep ~22 bits of q and
+// p while K and V enter exactly. PV runs transposed (O^T = V^T P^T, 16 dims by those 8 rows), so
+// no accumulator entry is wasted and a tile takes 8 mma, not 16.
+constexpr int kDecodeDim = 128;
+constexpr int kDecodeWarps = 8;
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+constexpr int kDecodeBlocksPerSm = 2;  // 16 warps an SM hide the mma, ldmatrix and exp latencies
+constexpr int kDecodeHeads = 4;        // query heads per block: 2 x 4 of the mma's 8 used rows
+constexpr int kDecodeRows = 2 * kDecodeHeads;  // high and low parts
+constexpr int kTileKeys = 8;                   // n of the QK^T mma, k of the PV mma
+constexpr int kStages = 2;                     // tiles in flight per warp
+constexpr int kRowBytes = kDecodeDim * 2;      // one f16 row: 16 chunks of 16 bytes
+constexpr int kTileBytes = kTileKeys * kRowBytes;
+constexpr int kDecodeSmemBytes = kDecodeWarps * kStages * 2 * kTileBytes;  // 64 KiB
+constexpr int kBlockKeys = kDecodeWarps * kTileKeys;  // keys per round of the block's warps
+constexpr int kDecodeMaxSplits = 32;                  // the combine keeps half of them per thread
+constexpr int64_t kDecodeMaxTokens = 8;
+// The warps' sums meet in the ring as [warp][row][dim]; 4 floats of padding a row put the 32
+// lanes' stores of a transposed accumulator entry in distinct banks.
+constexpr int kAccStride = kDecodeDim + 4;
+constexpr int kQWords = kDecodeDim / 8;  // a lane's q fragments: 8 k16 steps x 2 registers
+static_assert(kDecodeThreads == kDecodeHeads * kDecodeDim / 2,
+              "the block combine: 2 dims a thread");
+static_assert(kDecodeThreads == kDecodeHeads * (kDecodeDim / 4) * 2,
+              "the split combine: 4 dims and half of the splits a thread");
+static_assert(kDecodeWarps * kDecodeRows * kAccStride * 4 <= kDecodeSmemBytes,
+              "the warps' sums fit in the ring");
+static_assert(kDecodeWarps * 2 == kQWords, "the q fragments: warp w builds k16 step w");
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; a false `valid` zero-fills and reads nothing.
+__device__ __forceinline__ void copy_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Four 8x8 f16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
+template <bool kTranspose>
+__device__ __forceinline__ void load_matrices(uint32_t address, uint32_t (&r)[4]) {
+  if constexpr (kTranspose) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address)
+                 : "memory");
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address)
+                 : "memory");
+  }
+}
+
+// d += a * b for a 16x16 a whose rows 8-15 are zero (a0: k 0-7, a2: k 8-15) and a 16x8 b.
+__device__ __forceinline__ void mma_k16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0,
+                                        uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+// d += a * b for a 16x8 a (a0: rows 0-7, a1: rows 8-15) and an 8x8 b.
+__device__ __forceinline__ void mma_k8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// The f16 pair nearest (x, y) or, for a low row, the f16 pair nearest its rounding error.
+__device__ __forceinline__ uint32_t f16_part(float x, float y, bool low) {
+  __half2 h = __floats2half2_rn(x, y);
+  if (low) {
+    const float2 f = __half22float2(h);
+    h = __floats2half2_rn(x - f.x, y - f.y);
+  }
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// One block per (kv head, slice of up to 4 of its query heads, split, token); warp w takes the
+// split's tiles w, w + 8, ... Scores are kept in log2 units (q is pre-scaled by log2 e).
+__global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_attention_kernel(
+    const float* q, const __half* k, const __half* v, const int32_t* pos, float* out, int Hq,
+    int Hkv, int C, int64_t head_stride, int token_stride, float scale_log2, int group_slices,
+    int splits, int chunk, float* partial, uint32_t* counters, int32_t* error_flag) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(16) uint32_t s_q[kQWords / 4][32][4];  // [word / 4][lane][word % 4]
+  __shared__ float s_m[kDecodeWarps][kDecodeHeads], s_l[kDecodeWarps][kDecodeHeads];
+  __shared__ bool s_last;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int hk = blockIdx.x / group_slices, slice = blockIdx.x % group_slices;
+  const int split = blockIdx.y, t = blockIdx.z;
+  const int group = Hq / Hkv;
+  const int h0 = hk * group + slice * kDecodeHeads;
+  const int n_heads = min(kDecodeHeads, group - slice * kDecodeHeads);
+  // mma fragments: lane holds row lane / 4 (head row % 4; rows 4-7 the low parts) and
+  // columns 2 * (lane % 4) + {0, 1} (+8 for the second half of a k16 step).
+  const int t4 = lane % 4, row = lane / 4, row_head = row % kDecodeHeads;
+  const bool low = row >= kDecodeHeads;
+
+  // q and pos are loaded together; the K/V copies wait only for pos. This thread builds lane
+  // `lane`'s q fragment of k16 step `warp` (dims 16 * warp + 2 * t4 + {0, 1, 8, 9}).
+  const float* q_dims =
+      q + (int64_t(t) * Hq + h0 + min(row_head, n_heads - 1)) * kDecodeDim + 16 * warp + 2 * t4;
+  const float2 q_a = *reinterpret_cast<const float2*>(q_dims);
+  const float2 q_b = *reinterpret_cast<const float2*>(q_dims + 8);
+  const int p = pos[t];
+  int n_kv = p + 1;
+  if (p < 0 || p >= C) {
+    if (threadIdx.x == 0) atomicCAS(error_flag, kDeviceOk, kPositionOutOfRange);
+    n_kv = 0;
+  }
+  const int begin = split * chunk, end = min(begin + chunk, n_kv);
+  const int n_tiles = end > begin ? (end - begin + kTileKeys - 1) / kTileKeys : 0;
+  const int my_tiles = n_tiles > warp ? (n_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
+  auto tile_key = [&](int i) { return begin + (i * kDecodeWarps + warp) * kTileKeys; };
+
+  // Row r of a stage holds key tile_key + r; its 16-byte chunk c sits at slot c ^ r, so the
+  // 8 rows an ldmatrix phase reads (one chunk each) fall in distinct banks. Lane copies chunk
+  // lane % 16 of rows lane / 16 + {0, 2, 4, 6}.
+  unsigned char* ring = smem + warp * kStages * 2 * kTileBytes;
+  const int copy_chunk = lane % 16, copy_row = lane / 16;
+  const __half* k_lane = k + hk * head_stride + copy_chunk * 8;
+  const __half* v_lane = v + hk * head_stride + copy_chunk * 8;
+  auto issue = [&](int i) {
+    const int key0 = tile_key(i);
+    const int64_t tile_offset = int64_t(key0) * token_stride;
+    const __half* k_tile = k_lane + tile_offset;
+    const __half* v_tile = v_lane + tile_offset;
+    const uint32_t stage = shared_address(ring + (i % kStages) * 2 * kTileBytes);
+#pragma unroll
+    for (int u = 0; u < kTileKeys / 2; ++u) {
+      const int r = copy_row + 2 * u;
+      const bool valid = key0 + r < end;  // key0 < end: a masked row reads nothing, from row key0
+      const int offset = valid ? r * token_stride : 0;  // the host keeps 8 rows within int
+      const uint32_t slot = uint32_t(r * kRowBytes + (copy_chunk ^ r) * 16);
+      copy_async_16(stage + slot, k_tile + offset, valid);
+      copy_async_16(stage + kTileBytes + slot, v_tile + offset, valid);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) {
+    if (s < my_tiles) issue(s);
+    copy_async_commit();  // empty groups keep the count uniform for wait_group
+  }
+
+  {
+    const bool live = row_head < n_heads;
+    const float sa = live ? scale_log2 : 0.0f;
+    const uint2 words =
+        make_uint2(f16_part(q_a.x * sa, q_a.y * sa, low), f16_part(q_b.x * sa, q_b.y * sa, low));
+    *reinterpret_cast<uint2*>(&s_q[warp / 2][lane][2 * (warp % 2)]) = words;
+  }
+  __syncthreads();
+  uint32_t qa[kDecodeDim / 16][2];
+#pragma unroll
+  for (int j = 0; j < kQWords / 4; ++j) {
+    const uint4 w = *reinterpret_cast<const uint4*>(&s_q[j][lane][0]);
+    qa[2 * j][0] = w.x;
+    qa[2 * j][1] = w.y;
+    qa[2 * j + 1][0] = w.z;
+    qa[2 * j + 1][1] = w.w;
+  }
+
+  // O^T: acc[n] holds dims 16n + row (entries 0, 1) and 16n + 8 + row (entries 2, 3) of rows
+  // 2 * t4 + {0, 1}, i.e. of heads (2 * t4) % 4 + {0, 1}, whose corrections sit in lanes 4 * head.
+  float acc[kDecodeDim / 16][4];
+#pragma unroll
+  for (int n = 0; n < kDecodeDim / 16; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  const int corr_lane = 4 * ((2 * t4) % kDecodeHeads);
+  float m_run = -INFINITY, l_run = 0.0f;  // this lane's head, over this warp's keys
+  // ldmatrix rows: key lane % 8, chunk 4 * pair + lane / 8 (the same for K and V^T).
+  const int r8 = lane % 8;
+  auto matrix_row = [&](int pair) {
+    return uint32_t(r8 * kRowBytes + (((4 * pair + lane / 8) ^ r8) * 16));
+  };
+  for (int i = 0; i < my_tiles; ++i) {
+    copy_async_wait<kStages - 1>();  // tile i's group is complete
+    __syncwarp();                    // and every lane's part of it is visible
+    const uint32_t k_tile = shared_address(ring + (i % kStages) * 2 * kTileBytes);
+    const uint32_t v_tile = k_tile + kTileBytes;
+    float s_even[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int pair = 0; pair < kDecodeDim / 32; ++pair) {
+      uint32_t b[4];
+      load_matrices<false>(k_tile + matrix_row(pair), b);
+      mma_k16(s_even, qa[2 * pair][0], qa[2 * pair][1], b[0], b[1]);
+      mma_k16(s_odd, qa[2 * pair + 1][0], qa[2 * pair + 1][1], b[2], b[3]);
+    }
+    // Lane holds head row_head's scores of keys 2 * t4 + {0, 1}: high rows plus low rows.
+    float s0 = s_even[0] + s_odd[0], s1 = s_even[1] + s_odd[1];
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 16);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 16);
+    const int j = tile_key(i) + 2 * t4;
+    if (j >= end) s0 = -INFINITY;
+    if (j + 1 >= end) s1 = -INFINITY;
+    float mx = fmaxf(s0, s1);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run, mx);
+    const float base = m_new == -INFINITY ? 0.0f : m_new;  // no -inf - -inf
+    const float corr = exp2f(m_run - base);
+    const float p0 = exp2f(s0 - base), p1 = exp2f(s1 - base);
+    float psum = p0 + p1;
+    psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+    psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+    l_run = l_run * corr + psum;
+    m_run = m_new;
+    // p as the b fragment of P^T: row `row` of P, keys 2 * t4 + {0, 1}.
+    const uint32_t pb = f16_part(p0, p1, low);
+    const float corr0 = __shfl_sync(0xffffffffu, corr, corr_lane);
+    const float corr1 = __shfl_sync(0xffffffffu, corr, corr_lane + 4);
+#pragma unroll
+    for (int n = 0; n < kDecodeDim / 16; ++n) {
+      acc[n][0] *= corr0;
+      acc[n][1] *= corr1;
+      acc[n][2] *= corr0;
+      acc[n][3] *= corr1;
+    }
+#pragma unroll
+    for (int pair = 0; pair < kDecodeDim / 32; ++pair) {
+      uint32_t a[4];  // V^T of dims 8 * (4 * pair + u) + row, keys 2 * t4 + {0, 1}
+      load_matrices<true>(v_tile + matrix_row(pair), a);
+      mma_k8(acc[2 * pair], a[0], a[1], pb);
+      mma_k8(acc[2 * pair + 1], a[2], a[3], pb);
+    }
+    __syncwarp();  // every lane is done reading the stage before it is refilled
+    if (i + kStages < my_tiles) issue(i + kStages);
+    copy_async_commit();
+  }
+  copy_async_wait<0>();
+
+  // The warps meet in shared memory (the ring is free once every warp is done with it); the
+  // high and low rows of a head are summed by the combine.
+  __syncthreads();
+  float* s_acc = reinterpret_cast<float*>(smem);  // [kDecodeWarps][kDecodeRows][kAccStride]
+  {
+    float* dst = s_acc + (warp * kDecodeRows + 2 * t4) * kAccStride + row;
+#pragma unroll
+    for (int n = 0; n < kDecodeDim / 16; ++n) {
+      dst[16 * n] = acc[n][0];
+      dst[kAccStride + 16 * n] = acc[n][1];
+      dst[16 * n + 8] = acc[n][2];
+      dst[kAccStride + 16 * n + 8] = acc[n][3];
+    }
+  }
+  if (!low && t4 == 0) {
+    s_m[warp][row_head] = m_run;
+    s_l[warp][row_head] = l_run;
+  }
+  __syncthreads();
+
+  // Thread: head g, dims d, d + 1. With one split this is the answer, else the split's partial.
+  constexpr int kStride = kDecodeDim + kPartialHeader;
+  const int g = threadIdx.x / (kDecodeDim / 2);
+  if (g < n_heads) {
+    const int d = threadIdx.x % (kDecodeDim / 2) * 2;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, s_m[w][g]);
+    float L = 0.0f, A0 = 0.0f, A1 = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float f = mx == -INFINITY ? 0.0f : exp2f(s_m[w][g] - mx);
+      const float* rows = s_acc + (w * kDecodeRows + g) * kAccStride + d;
+      const float2 high = *reinterpret_cast<const float2*>(rows);
+      const float2 low_part = *reinterpret_cast<const float2*>(rows + kDecodeHeads * kAccStride);
+      L += s_l[w][g] * f;
+      A0 += (high.x + low_part.x) * f;
+      A1 += (high.y + low_part.y) * f;
+    }
+    const int64_t h = h0 + g;
+    if (splits == 1) {
+      const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+      *reinterpret_cast<float2*>(out + (int64_t(t) * Hq + h) * kDecodeDim + d) =
+          make_float2(A0 * inv, A1 * inv);
+    } else {
+      float* part = partial + ((int64_t(t) * Hq + h) * splits + split) * kStride;
+      *reinterpret_cast<float2*>(part + kPartialHeader + d) = make_float2(A0, A1);
+      if (d == 0) *reinterpret_cast<float2*>(part) = make_float2(mx, L);
+    }
+  }
+  if (splits == 1) return;
+  uint32_t* counter = counters + int64_t(t) * gridDim.x + blockIdx.x;
+  if (!last_to_arrive(counter, splits, s_last)) return;
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (and graph replays)
+
+  // Thread: head g, dims 4c..4c+3, splits of one parity; all its loads are in flight at once.
+  if (g >= n_heads) return;  // whole warps: 64 threads a head
+  const int c = threadIdx.x % (kDecodeDim / 2) / 2, parity = threadIdx.x % 2;
+  const float* parts = partial + (int64_t(t) * Hq + h0 + g) * splits * kStride;
+  float2 ml[kDecodeMaxSplits / 2];
+  float4 a[kDecodeMaxSplits / 2];
+#pragma unroll
+  for (int i = 0; i < kDecodeMaxSplits / 2; ++i) {
+    const int sp = 2 * i + parity;
+    ml[i] = make_float2(-INFINITY, 0.0f);
+    a[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (sp < splits) {
+      ml[i] = __ldcg(reinterpret_cast<const float2*>(parts + sp * kStride));
+      a[i] = __ldcg(reinterpret_cast<const float4*>(parts + sp * kStride + kPartialHeader + 4 * c));
+    }
+  }
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kDecodeMaxSplits / 2; ++i) mx = fmaxf(mx, ml[i].x);
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  float L = 0.0f;
+  float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int i = 0; i < kDecodeMaxSplits / 2; ++i) {
+    const float f = mx == -INFINITY ? 0.0f : exp2f(ml[i].x - mx);
+    L += ml[i].y * f;
+    A.x += a[i].x * f;
+    A.y += a[i].y * f;
+    A.z += a[i].z * f;
+    A.w += a[i].w * f;
+  }
+  L += __shfl_xor_sync(0xffffffffu, L, 1);
+  A.x += __shfl_xor_sync(0xffffffffu, A.x, 1);
+  A.y += __shfl_xor_sync(0xffffffffu, A.y, 1);
+  A.z += __shfl_xor_sync(0xffffffffu, A.z, 1);
+  A.w += __shfl_xor_sync(0xffffffffu, A.w, 1);
+  if (parity == 0) {
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    *reinterpret_cast<float4*>(out + (int64_t(t) * Hq + h0 + g) * kDecodeDim + 4 * c) =
+        make_float4(A.x * inv, A.y * inv, A.z * inv, A.w * inv);
+  }
+#else
+  __trap();  // the host only routes here for sm_80+ code (decode_kernel_ready)
+#endif
+}
+
+AttentionPlan plan_decode_attention(const TensorDesc& q, const TensorDesc& k, int sm_count) {
+  const int64_t Hq = q.ne[1], T = q.ne[2], Hkv = k.ne[1], C = k.ne[2];
+  const int group_slices = int((Hq / Hkv + kDecodeHeads - 1) / kDecodeHeads);
+  const int64_t units = Hkv * group_slices * T;
+  // One wave of kDecodeBlocksPerSm blocks an SM, and at least a tile per warp in each split.
+  int64_t splits = std::max<int64_t>(int64_t(sm_count) * kDecodeBlocksPerSm / units, 1);
+  splits = std::min<int64_t>({splits, kDecodeMaxSplits, (C + kBlockKeys - 1) / kBlockKeys});
+  splits = std::max<int64_t>(splits, 1);
+  int64_t chunk = (C + splits - 1) / splits;
+  chunk = (chunk + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
+  splits = (C + chunk - 1) / chunk;
+  return AttentionPlan{group_slices, int(splits), int(chunk)};
+}
+
+// The decode kernel's shapes (alignment is checked at launch).
+bool is_decode_shape(const NodeExecution& e) {
+  const TensorDesc& q = *e.inputs[0].desc;
+  return e.inputs[1].desc->dtype == DType::F16 && e.inputs[2].desc->dtype == DType::F16 &&
+         q.ne[0] == kDecodeDim && q.ne[2] <= kDecodeMaxTokens;
+}
+
+// Whether this device runs the decode kernel's sm_80+ code with its 128 KiB of shared memory;
+// asked once per device (the attribute it sets belongs to the current device).
+bool decode_kernel_ready(const OpContext& ctx) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> state[kMaxDevices];  // 0 unknown, 1 ready, 2 unavailable
+  const int device = ctx.state->device;
+  if (device < 0 || device >= kMaxDevices) return false;
+  int s = state[device].load(std::memory_order_acquire);
+  if (s == 0) {
+    cudaFuncAttributes attr{};
+    int optin = 0;
+    const bool ready =
+        cudaFuncGetAttributes(&attr, decode_attention_kernel) == cudaSuccess &&
+        attr.ptxVersion >= 80 &&
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
+            cudaSuccess &&
+        size_t(optin) >= kDecodeSmemBytes + attr.sharedSizeBytes &&
+        cudaFuncSetAttribute(decode_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kDecodeSmemBytes) == cudaSuccess &&
+        cudaFuncSetAttribute(decode_attention_kernel,
+                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+    if (!ready) (void)cudaGetLastError();  // a failed query is an answer, not an error
+    s = ready ? 1 : 2;
+    state[device].store(s, std::memory_order_release);
+  }
+  return s == 1;
+}
+
+void launch_decode(const OpContext& ctx, const NodeExecution& e) {
+  const TensorDesc& q = *e.inputs[0].desc;
+  const TensorDesc& k = *e.inputs[1].desc;
+  const AttentionPlan plan = fit_to_context(ctx, q, k, plan_decode_attention(q, k, ctx.sm_count));
+  constexpr float kLog2e = 1.4426950408889634f;
+  dim3 grid(unsigned(k.ne[1] * plan.group_slices), unsigned(plan.splits), unsigned(q.ne[2]));
+  decode_attention_kernel<<<grid, kDecodeThreads, kDecodeSmemBytes, ctx.stream>>>(
+      static_cast<const float*>(e.inputs[0].data), static_cast<const __half*>(e.inputs[1].data),
+      static_cast<const __half*>(e.inputs[2].data), static_cast<const int32_t*>(e.inputs[3].data),
+      static_cast<float*>(e.output.data), int(q.ne[1]), int(k.ne[1]), int(k.ne[2]), k.nb[1] / 2,
+      int(k.nb[2] / 2), e.node->params.scale * kLog2e, plan.group_slices, plan.splits, plan.chunk,
+      static_cast<float*>(ctx.scratch), ctx.counters, ctx.error_flag);
+}
+
+// cp.async and the vector loads and stores need 16-byte rows and outputs; V must share K's
+// layout; a tile's row offsets are int.
+bool decode_aligned(const OpContext& ctx, const NodeExecution& e) {
+  const TensorDesc& k = *e.inputs[1].desc;
+  const TensorDesc& v = *e.inputs[2].desc;
+  return is_aligned(e.inputs[0].data, 8) && is_aligned(e.inputs[1].data, 16) &&
+         is_aligned(e.inputs[2].data, 16) && k.nb[2] / 2 * kTileKeys <= INT32_MAX &&
+         is_aligned(e.output.data, 16) && is_aligned(ctx.scratch, 16) && k.nb[0] == 2 &&
+         k.nb[1] % 16 == 0 && k.nb[2] % 16 == 0 && v.nb[0] == k.nb[0] && v.nb[1] == k.nb[1] &&
+         v.nb[2] == k.nb[2];
+}
+
+}  // namespace
+
+size_t decode_attention_scratch_bytes(const NodeExecution& e, int sm_count) {
+  if (!is_decode_shape(e)) return 0;
+  const TensorDesc& q = *e.inputs[0].desc;
+  return partial_bytes(q, plan_decode_attention(q, *e.inputs[1].desc, sm_count));
+}
+
+bool try_decode_attention(const OpContext& ctx, const NodeExecution& e) {
+  if (!is_decode_shape(e) || !decode_aligned(ctx, e) || !decode_kernel_ready(ctx)) return false;
+  launch_decode(ctx, e);
+  return true;
+}
+
+}  // namespace tandem::cuda
