@@ -14,8 +14,6 @@ namespace tandem::cpu {
 
 namespace {
 
-constexpr int64_t kRowChunk = 64;     // weight rows kept hot in L2 while columns sweep by
-constexpr int64_t kColChunk = 64;     // activation columns reused across row chunks
 constexpr int64_t kBlasMinCols = 16;  // below this a product is memory-bound: own kernels
 
 bool use_blas(BlasPolicy policy, int64_t M, int64_t N, int64_t K) {
@@ -33,19 +31,9 @@ void make_openblas_single_threaded() {
 // Tiles of one f32 matrix pair over rows [m0, m1) and columns [n0, n1).
 void f32_tiles(const Kernels& k, const float* a, const float* b, float* out, int64_t M, int64_t K,
                int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  for (int64_t nc = n0; nc < n1; nc += kColChunk) {
-    const int64_t nce = std::min(n1, nc + kColChunk);
-    for (int64_t mc = m0; mc < m1; mc += kRowChunk) {
-      const int64_t mce = std::min(m1, mc + kRowChunk);
-      for (int64_t n = nc; n < nce; n += kTileCols) {
-        const int cols = int(std::min<int64_t>(kTileCols, nce - n));
-        for (int64_t m = mc; m < mce; m += kTileRows) {
-          const int rows = int(std::min<int64_t>(kTileRows, mce - m));
-          k.f32_tile(a + (m - m0) * K, K, rows, b + n * K, K, cols, K, out + n * M + m, M);
-        }
-      }
-    }
-  }
+  for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
+    k.f32_tile(a + (m - m0) * K, K, rows, b + n * K, K, cols, K, out + n * M + m, M);
+  });
 }
 
 void matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* a, const float* b, float* out,

@@ -2,6 +2,9 @@
 // kernels row by row. One op family per file; CpuBackend::execute dispatches here.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+
 #include "../kernels.h"
 #include "../thread_pool.h"
 #include "tandem/backend.h"
@@ -38,6 +41,29 @@ void row_from_f32(const Kernels& k, DType dtype, const float* src, void* dst, in
 // multiples of kTileRows when there are enough, else by columns. fn(m0, m1, n0, n1).
 void split_output(ThreadPool& pool, int64_t M, int64_t N,
                   const std::function<void(int64_t, int64_t, int64_t, int64_t)>& fn);
+
+// The cache blocking of the matrix products: weight rows kept hot in L2 while activation
+// columns sweep by, and activation columns reused across row chunks.
+inline constexpr int64_t kRowChunk = 64;
+inline constexpr int64_t kColChunk = 64;
+
+// Calls tile(m, rows, n, cols) for every kernel tile (kTileRows x kTileCols at most) of the
+// output block [m0, m1) x [n0, n1), column chunk by row chunk.
+template <typename Tile>
+void for_each_tile(int64_t m0, int64_t m1, int64_t n0, int64_t n1, Tile&& tile) {
+  for (int64_t nc = n0; nc < n1; nc += kColChunk) {
+    const int64_t nce = std::min(n1, nc + kColChunk);
+    for (int64_t mc = m0; mc < m1; mc += kRowChunk) {
+      const int64_t mce = std::min(m1, mc + kRowChunk);
+      for (int64_t n = nc; n < nce; n += kTileCols) {
+        const int cols = int(std::min<int64_t>(kTileCols, nce - n));
+        for (int64_t m = mc; m < mce; m += kTileRows) {
+          tile(m, int(std::min<int64_t>(kTileRows, mce - m)), n, cols);
+        }
+      }
+    }
+  }
+}
 
 // Throws InvalidArgument unless every position lies in [0, limit).
 void check_positions(const char* where, const int32_t* pos, int64_t n, int64_t limit);

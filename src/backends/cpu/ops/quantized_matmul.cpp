@@ -12,8 +12,6 @@ namespace tandem::cpu {
 
 namespace {
 
-constexpr int64_t kRowChunk = 64;
-constexpr int64_t kColChunk = 64;
 // With 8-bit activations one dot product of 32 terms carries ~0.4% relative error, so a
 // product with a handful of outputs can exceed the 5e-4 NMSE bound (measured: 11% of random
 // 1x1 cases). Such products cost nothing, so they take the exact f32 path instead.
@@ -128,19 +126,9 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
         continue;
       }
       split_output(ctx.pool, M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-        for (int64_t nc = n0; nc < n1; nc += kColChunk) {
-          const int64_t nce = std::min(n1, nc + kColChunk);
-          for (int64_t mc = m0; mc < m1; mc += kRowChunk) {
-            const int64_t mce = std::min(m1, mc + kRowChunk);
-            for (int64_t n = nc; n < nce; n += kTileCols) {
-              const int cols = int(std::min<int64_t>(kTileCols, nce - n));
-              for (int64_t m = mc; m < mce; m += kTileRows) {
-                const int rows = int(std::min<int64_t>(kTileRows, mce - m));
-                tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, omat + n * M + m, M);
-              }
-            }
-          }
-        }
+        for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
+          tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, omat + n * M + m, M);
+        });
       });
     }
 }
