@@ -55,11 +55,7 @@ class DeviceGraph {
     }
     for (const Node& node : graph_.nodes()) {
       if (!is_compute(node.op)) continue;
-      NodeExecution e;
-      e.node = &node;
-      for (TensorId in : node.inputs) e.inputs.push_back({&graph_.tensor(in), pointer(in)});
-      e.output = {&graph_.tensor(node.id), pointer(node.id)};
-      execs_.push_back(std::move(e));
+      execs_.push_back(execution_of(graph_, node, [&](TensorId id) { return pointer(id); }));
     }
     backend.synchronize();
   }

@@ -56,6 +56,16 @@ struct NodeExecution {
   TensorRef output;
 };
 
+// The execution of `node` with every tensor at data_of(id) (a view at its own address).
+template <typename DataOf>
+NodeExecution execution_of(const Graph& graph, const Node& node, DataOf&& data_of) {
+  NodeExecution e;
+  e.node = &node;
+  for (TensorId in : node.inputs) e.inputs.push_back({&graph.tensor(in), data_of(in)});
+  e.output = {&graph.tensor(node.id), data_of(node.id)};
+  return e;
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -87,11 +87,7 @@ void GraphRunner::run(bool as_segment, uint64_t signature) {
   std::vector<NodeExecution> execs;
   for (const Node& node : graph_.nodes()) {
     if (!is_compute(node.op)) continue;
-    NodeExecution e;
-    e.node = &node;
-    for (TensorId in : node.inputs) e.inputs.push_back({&graph_.tensor(in), pointer(in)});
-    e.output = {&graph_.tensor(node.id), pointer(node.id)};
-    execs.push_back(std::move(e));
+    execs.push_back(execution_of(graph_, node, [&](TensorId id) { return pointer(id); }));
   }
   if (as_segment) {
     backend_.execute_segment(graph_, execs, signature);

@@ -52,11 +52,7 @@ class HostRun {
     ReferenceBackend ref;
     for (const Node& n : graph_.nodes()) {
       if (!is_compute(n.op)) continue;
-      NodeExecution e;
-      e.node = &n;
-      for (TensorId in : n.inputs) e.inputs.push_back({&graph_.tensor(in), data(in)});
-      e.output = {&graph_.tensor(n.id), data(n.id)};
-      ref.execute(graph_, e);
+      ref.execute(graph_, execution_of(graph_, n, [&](TensorId id) { return data(id); }));
     }
   }
 
