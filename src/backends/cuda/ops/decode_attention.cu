@@ -388,13 +388,9 @@ bool decode_kernel_ready(const OpContext& ctx) {
   int s = state[device].load(std::memory_order_acquire);
   if (s == 0) {
     cudaFuncAttributes attr{};
-    int optin = 0;
     const bool ready =
         cudaFuncGetAttributes(&attr, decode_attention_kernel) == cudaSuccess &&
-        attr.ptxVersion >= 80 &&
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
-            cudaSuccess &&
-        size_t(optin) >= kDecodeSmemBytes + attr.sharedSizeBytes &&
+        attr.ptxVersion >= 80 && ctx.smem_optin >= kDecodeSmemBytes + attr.sharedSizeBytes &&
         cudaFuncSetAttribute(decode_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              kDecodeSmemBytes) == cudaSuccess &&
         cudaFuncSetAttribute(decode_attention_kernel,

@@ -460,11 +460,7 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
   }
   const int64_t M = parts.row_start[parts.count];
   const StagedLayout l = staged_layout<kType>(K, kCols);
-  int device = 0, optin = 0;
-  ctx.check(cudaGetDevice(&device), "quantized_matmul", "cudaGetDevice");
-  ctx.check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-            "quantized_matmul", "cudaDeviceGetAttribute");
-  if (l.total > size_t(optin)) return false;
+  if (l.total > ctx.smem_optin) return false;
   auto kernel = staged_matvec_kernel<kType, kCols>;
   ctx.check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)),
             "quantized_matmul", "cudaFuncSetAttribute");
