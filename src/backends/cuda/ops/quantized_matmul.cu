@@ -4,6 +4,7 @@
 // tensor cores by cuBLAS with f32 accumulation.
 #include <algorithm>
 #include <span>
+#include <type_traits>
 
 #include "common.cuh"
 #include "ops.h"
@@ -493,6 +494,31 @@ bool launch_staged_for(const OpContext& ctx, std::span<const NodeExecution> exec
              : launch_staged<DType::Q8_0, kCols>(ctx, execs);
 }
 
+// fn(std::integral_constant<int, n>) for n columns of b, 1 <= n <= kMatvecMaxColumns: the
+// matrix-vector kernels are compiled per column count.
+template <typename Fn>
+decltype(auto) with_columns(int64_t n, Fn&& fn) {
+  static_assert(kMatvecMaxColumns == 8);
+  switch (n) {
+    case 1:
+      return fn(std::integral_constant<int, 1>{});
+    case 2:
+      return fn(std::integral_constant<int, 2>{});
+    case 3:
+      return fn(std::integral_constant<int, 3>{});
+    case 4:
+      return fn(std::integral_constant<int, 4>{});
+    case 5:
+      return fn(std::integral_constant<int, 5>{});
+    case 6:
+      return fn(std::integral_constant<int, 6>{});
+    case 7:
+      return fn(std::integral_constant<int, 7>{});
+    default:
+      return fn(std::integral_constant<int, 8>{});
+  }
+}
+
 template <int kCols>
 void launch_matvec(const OpContext& ctx, const NodeExecution& e) {
   if (launch_staged_for<kCols>(ctx, std::span(&e, 1))) return;
@@ -540,25 +566,9 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
     throw_error(ErrorCode::Unsupported, ctx.state->id + " quantized_matmul",
                 "weights " + shape_string(a) + " exceed the kernel's int32 row range");
   }
-  switch (b.ne[1]) {
-    case 1:
-      return launch_matvec<1>(ctx, e);
-    case 2:
-      return launch_matvec<2>(ctx, e);
-    case 3:
-      return launch_matvec<3>(ctx, e);
-    case 4:
-      return launch_matvec<4>(ctx, e);
-    case 5:
-      return launch_matvec<5>(ctx, e);
-    case 6:
-      return launch_matvec<6>(ctx, e);
-    case 7:
-      return launch_matvec<7>(ctx, e);
-    case 8:
-      return launch_matvec<8>(ctx, e);
-    default:
-      break;
+  if (b.ne[1] <= kMatvecMaxColumns) {
+    with_columns(b.ne[1], [&](auto cols) { launch_matvec<cols()>(ctx, e); });
+    return;
   }
   // Large batches: weights to f16 once, b to f16, tensor-core GEMM with f32 accumulation.
   auto* a_half = static_cast<uint8_t*>(ctx.scratch);
@@ -587,33 +597,8 @@ size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> se
   }
   if (n < 2) return 0;
   const auto run = segment.first(n);
-  bool done = false;
-  switch (first.inputs[1].desc->ne[1]) {
-    case 1:
-      done = launch_staged_for<1>(ctx, run);
-      break;
-    case 2:
-      done = launch_staged_for<2>(ctx, run);
-      break;
-    case 3:
-      done = launch_staged_for<3>(ctx, run);
-      break;
-    case 4:
-      done = launch_staged_for<4>(ctx, run);
-      break;
-    case 5:
-      done = launch_staged_for<5>(ctx, run);
-      break;
-    case 6:
-      done = launch_staged_for<6>(ctx, run);
-      break;
-    case 7:
-      done = launch_staged_for<7>(ctx, run);
-      break;
-    default:
-      done = launch_staged_for<8>(ctx, run);
-      break;
-  }
+  const bool done = with_columns(first.inputs[1].desc->ne[1],
+                                 [&](auto cols) { return launch_staged_for<cols()>(ctx, run); });
   return done ? n : 0;
 }
 
