@@ -64,6 +64,8 @@ CudaBackend::CudaBackend(int device) : allocator_(state_) {
   TANDEM_CUDA_CHECK(s, "init", cudaGetDeviceProperties(&prop, device));
   sm_count_ = prop.multiProcessorCount;
   smem_optin_ = prop.sharedMemPerBlockOptin;
+  smem_pair_ =
+      std::min(smem_optin_, prop.sharedMemPerMultiprocessor / 2 - prop.reservedSharedMemPerBlock);
   const int cc = prop.major * 10 + prop.minor;
   features_.push_back("sm_" + std::to_string(cc));
   if (cc >= 53) features_.push_back("f16");
@@ -225,6 +227,7 @@ cuda::OpContext CudaBackend::op_context() const {
   ctx.cublas = cublas_;
   ctx.sm_count = sm_count_;
   ctx.smem_optin = smem_optin_;
+  ctx.smem_pair = smem_pair_;
   ctx.scratch = scratch_;
   ctx.scratch_bytes = scratch_bytes_;
   ctx.error_flag = error_flag_device_;

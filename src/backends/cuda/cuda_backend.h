@@ -85,6 +85,7 @@ class CudaBackend final : public Backend {
   cuda::DeviceState state_;
   int sm_count_ = 1;
   size_t smem_optin_ = 0;  // shared memory a block may opt in to
+  size_t smem_pair_ = 0;   // ... when two blocks share an SM
   std::vector<std::string> features_;
   std::vector<OpCapability> capabilities_;
   cudaStream_t stream_ = nullptr;

@@ -27,6 +27,7 @@ struct OpContext {
   cublasHandle_t cublas = nullptr;
   int sm_count = 1;
   size_t smem_optin = 0;    // shared memory per block a kernel may opt in to
+  size_t smem_pair = 0;     // ... when two blocks are to share an SM
   void* scratch = nullptr;  // op-private memory, sized by scratch_bytes() before the op runs
   size_t scratch_bytes = 0;
   int32_t* error_flag = nullptr;  // device-visible word, checked at synchronize()

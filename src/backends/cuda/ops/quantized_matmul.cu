@@ -128,39 +128,46 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
 
 // ---- Staged matrix-vector kernel (contiguous weight rows, K a multiple of 256) ----
 //
-// One persistent CTA of 512 threads per SM streams its share of the weight rows through a
-// kStages-deep ring of shared-memory tiles with 16-byte cp.async copies (about 100 KB in flight
-// per SM) and quantizes b into shared memory itself. A tile is cut into groups of 8 blocks
-// (256 elements: 144 or 272 bytes, whole 16-byte words); each thread takes half a group (4
-// blocks) and lanes l and l + 16 of a warp share one, so the 16-byte shared loads of 8
-// neighbouring lanes fall in distinct banks. The kernel is launched as a programmatic dependent
-// of the previous kernel: it starts fetching weights (which no kernel writes) while that one
-// drains and waits for it (griddepcontrol.wait) before it reads b or writes out.
-constexpr int kStagedThreads = 512;
-constexpr int kStages = 4;
+// One persistent CTA per SM streams its share of the weight rows through a ring of shared-memory
+// tiles with 16-byte cp.async copies and quantizes b into shared memory itself. A tile is cut
+// into groups of 8 blocks (256 elements: 144 or 272 bytes); each thread takes half a group (4
+// blocks, read with 8-byte shared loads) and lanes 2i and 2i + 1 share one. A tile holds as many
+// rows as give each thread of the CTA one half group, so a thread meets the same part of b in
+// every tile. One barrier per tile: a warp sums its lanes row by row with shuffles, and the row
+// sums of tile t are written while tile t + 1 is multiplied (two partial buffers).
+//
+// The kernel is launched as a programmatic dependent of the previous kernel: it fetches weights
+// (which no kernel writes) and pulls b's lines into the L2 (fetching is not reading: the L2 is
+// where every write lands) before it waits for that kernel (griddepcontrol.wait) and reads b.
+// With one or two columns its registers, and for most shapes its shared memory, fit two CTAs on
+// an SM: the next matrix-vector kernel's CTA becomes resident and starts its fetches while this
+// one drains (kPairStages). Otherwise one CTA per SM runs a deeper ring (kSoloStages).
+constexpr int kStagedThreads = 512;  // most threads of a CTA
+constexpr int kPairStages = 3;       // tiles in the ring of a CTA that shares its SM: two in flight
+constexpr int kSoloStages = 5;       // ... of a CTA alone on its SM: four in flight
 constexpr int kGroupBlocks = 8;
 constexpr int kHalfBlocks = kGroupBlocks / 2;
 constexpr int kGroupElems = kGroupBlocks * kQBlock;  // 256
-constexpr int kTileGroups = kStagedThreads / 2;      // most groups in a tile of several rows
-constexpr int kStageTargetBytes = 32 * 1024;         // one tile of rows
-constexpr int kBGroupBytes = kGroupElems + 16;       // int8 quants + pad: conflict-free rows
-constexpr int kBScaleBytes = kGroupBlocks * 8 + 16;  // {d, 8 d sum(q)} per block + pad
+constexpr int kMaxTileGroups = kStagedThreads / 2;   // most groups in a tile of several rows
+constexpr int kStageTargetBytes = 32 * 1024;         // largest tile
+// b in shared memory, per group of 256: the int8 quants of each half at kBHalfBytes * h and
+// {d, 8 d sum(q)} per block of each half at kBScaleHalf * h. The pads put the two halves that
+// neighbouring lanes read in different banks.
+constexpr int kBHalfBytes = kGroupElems / 2 + 16;
+constexpr int kBGroupBytes = 2 * kBHalfBytes;
+constexpr int kBScaleHalf = kHalfBlocks * 8 + 8;  // bytes
+constexpr int kBScaleBytes = 2 * kBScaleHalf;
+template <int kCols>
+constexpr int kStagedMinBlocks = kCols <= 2 ? 2 : 1;  // CTAs per SM the registers allow
 
 template <DType kType>
 struct GroupFormat {
   static constexpr int kBlockBytes = kType == DType::Q4_0 ? 18 : 34;
-  static constexpr int kBytes = kGroupBlocks * kBlockBytes;  // 144 or 272
-  // A half group is read as the 16-byte words [kHalfStart * h, + kWindowVecs * 16); its first
-  // block then starts 0 (h = 0) or 8 (h = 1) bytes in.
-  static constexpr int kHalfStart = kType == DType::Q4_0 ? 64 : 128;
-  static constexpr int kWindowVecs = kType == DType::Q4_0 ? 5 : 9;
-  static constexpr int kHalfWords = kHalfBlocks * kBlockBytes / 4;  // 18 or 34
+  static constexpr int kBytes = kGroupBlocks * kBlockBytes;     // 144 or 272
+  static constexpr int kHalfBytes = kHalfBlocks * kBlockBytes;  // 72 or 136: 8-byte words
+  static constexpr int kHalfWords = kHalfBytes / 4;
 };
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -180,20 +187,26 @@ __device__ __forceinline__ void grid_launch_dependents() {
 struct StagedLayout {
   int gpr;                                // groups per row (K / 256)
   int rows;                               // rows per tile
+  int threads;                            // threads per CTA: two per group of a full tile
   int stage_bytes;                        // rows * row bytes
   size_t b_scale, reduce, stages, total;  // shared-memory offsets (b quants at 0) and size
 };
 
+// The tiles as large as `budget` bytes of shared memory allow (at most kStageTargetBytes);
+// total > budget when not even one row per tile fits.
 template <DType kType>
-StagedLayout staged_layout(int64_t K, int cols) {
+StagedLayout staged_layout(int64_t K, int cols, size_t budget, int kStages) {
   StagedLayout l{};
   l.gpr = int(K / kGroupElems);
   const int row_bytes = l.gpr * GroupFormat<kType>::kBytes;
-  l.rows = std::max(1, std::min(kTileGroups / l.gpr, kStageTargetBytes / row_bytes));
-  l.stage_bytes = l.rows * row_bytes;
   l.b_scale = size_t(cols) * size_t(l.gpr) * kBGroupBytes;
   l.reduce = l.b_scale + size_t(cols) * size_t(l.gpr) * kBScaleBytes;
-  l.stages = l.reduce + size_t(cols) * kStagedThreads * sizeof(float);
+  l.stages = l.reduce + 2 * size_t(cols) * kStagedThreads * sizeof(float);
+  const size_t room = budget > l.stages ? (budget - l.stages) / kStages : 0;
+  const int stage_cap = int(std::min<size_t>(kStageTargetBytes, room));
+  l.rows = std::max(1, std::min(kMaxTileGroups / l.gpr, stage_cap / row_bytes));
+  l.threads = std::min(kStagedThreads, (2 * l.rows * l.gpr + 31) / 32 * 32);
+  l.stage_bytes = l.rows * row_bytes;
   l.total = l.stages + size_t(kStages) * size_t(l.stage_bytes);
   return l;
 }
@@ -280,51 +293,89 @@ __device__ __forceinline__ T pick(const T (&v)[kN], int i) {
   return r;
 }
 
-template <DType kType, int kCols>
-__global__ __launch_bounds__(kStagedThreads, 1) void staged_matvec_kernel(
-    MatvecParts parts, int64_t a_stride2, int64_t a_stride3, int64_t a_div2, int64_t a_div3,
-    int gpr, int tile_rows, int stage_bytes, uint32_t off_scale, uint32_t off_reduce,
-    uint32_t off_stages, const float* b, int64_t b_ne2) {
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// The part (matrix) that row r of all parts' rows belongs to.
+__device__ __forceinline__ int part_of(const MatvecParts& parts, int r) {
+  int p = 0;
+#pragma unroll
+  for (int k = 1; k < kMaxParts; ++k) p += k < parts.count && r >= parts.row_start[k];
+  return p;
+}
+
+// Row split: CTA c of G takes rows_q + (c < rows_r) rows (rows_q = M / G, rows_r = M % G).
+template <DType kType, int kCols, int kStages>
+__global__ __launch_bounds__(kStagedThreads, kStagedMinBlocks<kCols>) void staged_matvec_kernel(
+    MatvecParts parts, int64_t a_stride2, int64_t a_stride3, int a_div2, int a_div3, int b_ne2,
+    int rows_q, int rows_r, int gpr, int tile_rows, int stage_bytes, uint32_t off_scale,
+    uint32_t off_reduce, uint32_t off_stages, const float* b) {
   using F = GroupFormat<kType>;
   constexpr bool kQ4 = kType == DType::Q4_0;
   extern __shared__ __align__(16) uint8_t smem[];
   int8_t* s_bq = reinterpret_cast<int8_t*>(smem);
   float2* s_bs = reinterpret_cast<float2*>(smem + off_scale);
   float* s_red = reinterpret_cast<float*>(smem + off_reduce);
-  uint8_t* s_stage = smem + off_stages;
+  const uint32_t s_stage = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + off_stages;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int64_t z = blockIdx.y, i2 = z % b_ne2, i3 = z / b_ne2;
+  const int threads = blockDim.x, warps = threads / 32, tile_groups = threads / 2;
+  const int z = int(blockIdx.y), i2 = z % b_ne2, i3 = z / b_ne2;
   const int64_t K = int64_t(gpr) * kGroupElems;
-  const int64_t row_bytes = int64_t(gpr) * F::kBytes;
+  const int row_bytes = gpr * F::kBytes;
   const int64_t a_batch = (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3;
   b += z * kCols * K;
-  const int M = pick(parts.row_start, parts.count);  // the rows of every part
 
-  // This CTA's rows: an even share, in tiles of up to tile_rows that never straddle two parts.
-  const int row_begin = int(int64_t(M) * blockIdx.x / gridDim.x);
-  const int row_end = int(int64_t(M) * (blockIdx.x + 1) / gridDim.x);
-  auto part_of = [&](int r) {
-    int p = 0;
-#pragma unroll
-    for (int k = 1; k < kMaxParts; ++k) p += k < parts.count && r >= parts.row_start[k];
-    return p;
-  };
-  auto rows_at = [&](int r, int p) {
-    return min(min(tile_rows, row_end - r), pick(parts.row_start, p + 1) - r);
-  };
-  int issue_row = row_begin, issued = 0;
-  auto issue = [&] {  // the next tile, into slot (its index) % kStages
-    if (issue_row < row_end) {
-      const int p = part_of(issue_row);
-      const int nr = rows_at(issue_row, p);
-      const uint8_t* src =
-          pick(parts.a, p) + a_batch + int64_t(issue_row - pick(parts.row_start, p)) * row_bytes;
-      uint8_t* dst = s_stage + (issued % kStages) * stage_bytes;
-      const int chunks = int(nr * row_bytes / 16);
-      for (int c = tid; c < chunks; c += kStagedThreads) cp_async16(dst + c * 16, src + c * 16);
-      issue_row += nr;
+  // Pull b into the L2 before the weight copies queue up; each CTA takes a share of its lines.
+  {
+    const auto* bl = reinterpret_cast<const uint8_t*>(b);
+    const int lines = int((kCols * K * int64_t(sizeof(float)) + 127) / 128);
+    for (int i = int(blockIdx.x) * threads + tid; i < lines; i += int(gridDim.x) * threads) {
+      prefetch_l2(bl + int64_t(i) * 128);
     }
-    ++issued;
+  }
+
+  // This CTA's rows, in tiles of up to tile_rows that never straddle two parts.
+  const int cta = int(blockIdx.x);
+  const int row_begin = cta * rows_q + min(cta, rows_r);
+  const int row_end = row_begin + rows_q + (cta < rows_r);
+  // Where the tiles of a part stand: the next tile's first row, the end of the rows of this
+  // part that are this CTA's, and the part's first row.
+  struct Cursor {
+    int row, seg_end, part, part_begin;
+  };
+  auto next_rows = [&](Cursor& c) {  // rows of the tile at c, entering the next part if due
+    if (c.row == c.seg_end && c.row < row_end) {
+      c.part = part_of(parts, c.row);
+      c.part_begin = pick(parts.row_start, c.part);
+      c.seg_end = min(row_end, pick(parts.row_start, c.part + 1));
+    }
+    return min(tile_rows, c.seg_end - c.row);
+  };
+
+  Cursor fetch{row_begin, row_begin, 0, 0};
+  const uint8_t* fetch_src = nullptr;
+  uint32_t fetch_dst = s_stage;
+  auto issue = [&] {  // the next tile, into the next slot of the ring
+    const bool entered = fetch.row == fetch.seg_end;
+    const int nr = next_rows(fetch);
+    if (nr > 0) {
+      if (entered) {
+        fetch_src =
+            pick(parts.a, fetch.part) + a_batch + int64_t(fetch.row - fetch.part_begin) * row_bytes;
+      }
+      const int bytes = nr * row_bytes;
+#pragma unroll 4
+      for (int off = tid * 16; off < bytes; off += threads * 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(fetch_dst + off),
+                     "l"(fetch_src + off)
+                     : "memory");
+      }
+      fetch_src += bytes;
+      fetch.row += nr;
+    }
+    fetch_dst =
+        fetch_dst == s_stage + (kStages - 1) * stage_bytes ? s_stage : fetch_dst + stage_bytes;
     cp_async_commit();  // possibly empty: keeps the group count uniform
   };
 #pragma unroll
@@ -332,99 +383,138 @@ __global__ __launch_bounds__(kStagedThreads, 1) void staged_matvec_kernel(
   grid_launch_dependents();
   grid_dependency_wait();  // b is written by the preceding kernel
 
-  // Quantize b while the first tiles arrive: 8 lanes per block of 32, four floats each.
+  // Quantize b while the first tiles arrive: a block of 32 per pair of lanes, 16 values each.
   const int blocks_per_col = gpr * kGroupBlocks;
-  const int total_blocks = kCols * blocks_per_col;
-#pragma unroll 4
-  for (int base = 0; base < total_blocks; base += kStagedThreads / 8) {
-    const int blk = base + tid / 8, part = tid % 8;
-    const bool valid = blk < total_blocks;
-    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (valid) x = __ldg(reinterpret_cast<const float4*>(b + int64_t(blk) * kQBlock) + part);
-    float amax = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
+  for (int t = tid; t < 2 * kCols * blocks_per_col; t += threads) {
+    const int blk = t / 2, part = t % 2;
+    const float4* src = reinterpret_cast<const float4*>(b + int64_t(blk) * kQBlock) + 4 * part;
+    float4 x[4];
 #pragma unroll
-    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    for (int i = 0; i < 4; ++i) x[i] = __ldcg(src + i);
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      amax = fmaxf(amax,
+                   fmaxf(fmaxf(fabsf(x[i].x), fabsf(x[i].y)), fmaxf(fabsf(x[i].z), fabsf(x[i].w))));
+    }
+    // Both lanes of a pair are active together: 2 * kCols * blocks_per_col is even.
+    amax = fmaxf(amax, __shfl_xor_sync(__activemask(), amax, 1));
     const float d = amax / 127.0f;
     const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-    const int q0 = int(rintf(x.x * inv)), q1 = int(rintf(x.y * inv));
-    const int q2 = int(rintf(x.z * inv)), q3 = int(rintf(x.w * inv));
-    int sum = q0 + q1 + q2 + q3;
+    uint32_t q[4];
+    int sum = 0;
 #pragma unroll
-    for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (valid) {
-      const int c = blk / blocks_per_col, bi = blk % blocks_per_col;
-      const int g = bi / kGroupBlocks, j = bi % kGroupBlocks;
-      const uint32_t packed = (uint32_t(q0) & 0xFFu) | ((uint32_t(q1) & 0xFFu) << 8) |
-                              ((uint32_t(q2) & 0xFFu) << 16) | (uint32_t(q3) << 24);
-      *reinterpret_cast<uint32_t*>(s_bq + (int64_t(c) * gpr + g) * kBGroupBytes + j * kQBlock +
-                                   part * 4) = packed;
-      if (part == 0) {
-        s_bs[(int64_t(c) * gpr + g) * (kBScaleBytes / 8) + j] =
-            make_float2(d, kQ4 ? 8.0f * d * float(sum) : 0.0f);
-      }
+    for (int i = 0; i < 4; ++i) {
+      q[i] = (uint32_t(int(rintf(x[i].x * inv))) & 0xFFu) |
+             ((uint32_t(int(rintf(x[i].y * inv))) & 0xFFu) << 8) |
+             ((uint32_t(int(rintf(x[i].z * inv))) & 0xFFu) << 16) |
+             (uint32_t(int(rintf(x[i].w * inv))) << 24);
+      sum = __dp4a(int(q[i]), 0x01010101, sum);
+    }
+    sum += __shfl_xor_sync(__activemask(), sum, 1);
+    const int c = blk / blocks_per_col, bi = blk % blocks_per_col;
+    const int g = bi / kGroupBlocks, j = bi % kGroupBlocks;
+    const int h = j / kHalfBlocks, jj = j % kHalfBlocks;
+    *reinterpret_cast<uint4*>(s_bq + (c * gpr + g) * kBGroupBytes + h * kBHalfBytes + jj * kQBlock +
+                              16 * part) = make_uint4(q[0], q[1], q[2], q[3]);
+    if (part == 0) {
+      s_bs[((c * gpr + g) * kBScaleBytes + h * kBScaleHalf) / 8 + jj] =
+          make_float2(d, kQ4 ? 8.0f * d * float(sum) : 0.0f);
     }
   }
 
-  // Lanes l and l + 16 take the two halves of group 16 * warp + l % 16.
-  const int half = lane / 16;
-  const int my_group = warp * 16 + lane % 16;
+  // Lanes 2i and 2i + 1 take the two halves of group slot 16 * warp + i: the 8-byte shared loads
+  // of 16 neighbouring lanes fall in distinct banks. In a tile of several rows slot s is group
+  // s % gpr of row s / gpr, the same group of b in every tile (tile_groups >= rows * gpr); in a
+  // tile of one row a thread walks the row's groups from its slot on.
+  const int half = lane % 2;
+  const int my_group = warp * 16 + lane / 2;
+  const int my_column = my_group % gpr;
   const int col_quant_bytes = gpr * kBGroupBytes, col_scales = gpr * (kBScaleBytes / 8);
-  int tile = 0;
-  for (int r0 = row_begin; r0 < row_end; ++tile) {
-    issue();  // tile + kStages - 1
-    cp_async_wait<kStages - 1>();
-    __syncthreads();  // this tile (and, the first time, b) is visible to every thread
-    const int p = part_of(r0);
-    const int nr = rows_at(r0, p);
-    const uint8_t* stage = s_stage + (tile % kStages) * stage_bytes;
+  // A warp sums its slots row by row (shuffles within the lanes of one row); the first lane of
+  // each row in the warp leaves the sum in the slot's place, and a row adds the sums at its first
+  // slot and at each warp start inside it, in a fixed order (deterministic).
+  auto row_of = [&](int slot) { return tile_rows == 1 ? 0 : slot / gpr; };
+  const int my_row = row_of(my_group);
+  const int warp_last = warp * 16 + 15;
+  const int row_last = tile_rows == 1 ? warp_last : min(warp_last, (my_row + 1) * gpr - 1);
+  const int seg_last_lane = 2 * (row_last - warp * 16) + 1;
+  const bool seg_head = half == 0 && (lane == 0 || row_of(my_group - 1) != my_row);
+  const int red_stride = kCols * tile_groups;  // floats per partial buffer
+  auto write_rows = [&](float* out, int part_rows, int nr, const float* red) {
+    for (int i = tid; i < nr * kCols; i += threads) {
+      const int c = i / nr, rr = i % nr;
+      const float* r = red + c * tile_groups;
+      float v;
+      if (tile_rows == 1) {
+        v = r[0];
+        for (int w = 1; w < warps; ++w) v += r[16 * w];
+      } else {
+        const int s0 = rr * gpr, s1 = s0 + gpr;
+        v = r[s0];
+        for (int s = (s0 / 16 + 1) * 16; s < s1; s += 16) v += r[s];
+      }
+      out[int64_t(c) * part_rows + rr] = v;
+    }
+  };
+
+  Cursor cur{row_begin, row_begin, 0, 0};
+  float* prev_out = nullptr;
+  int prev_part_rows = 0, prev_rows = 0, buf = 0;
+  int slot = 0;  // byte offset of this tile's slot in the ring
+  for (;;) {
+    const int nr = next_rows(cur);
+    if (nr <= 0) break;
+    cp_async_wait<kStages - 2>();
+    // This tile (and, the first time, b) is visible to every thread; every thread is done with
+    // the previous tile, so its slot may be refilled and its partials summed.
+    __syncthreads();
+    issue();
+    if (prev_rows > 0)
+      write_rows(prev_out, prev_part_rows, prev_rows, s_red + (buf ^ 1) * red_stride);
+
     float acc[kCols];
 #pragma unroll
     for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
-    // With several rows per tile, rows * gpr <= 256: at most one group per thread pair. With
-    // one row per tile, every group a thread takes belongs to that row.
-    for (int gi = my_group; gi < nr * gpr; gi += kTileGroups) {
-      const uint8_t* src = stage + gi * F::kBytes + half * F::kHalfStart;
-      uint32_t raw[F::kWindowVecs * 4];
+    for (int gi = my_group; gi < nr * gpr; gi += tile_groups) {
+      uint32_t w[F::kHalfWords];
+      const auto* src = reinterpret_cast<const uint2*>(smem + off_stages + slot + gi * F::kBytes +
+                                                       half * F::kHalfBytes);
 #pragma unroll
-      for (int v = 0; v < F::kWindowVecs; ++v) {
-        const uint4 x = *reinterpret_cast<const uint4*>(src + v * 16);
-        raw[4 * v] = x.x, raw[4 * v + 1] = x.y, raw[4 * v + 2] = x.z, raw[4 * v + 3] = x.w;
+      for (int v = 0; v < F::kHalfWords / 2; ++v) {
+        const uint2 x = src[v];
+        w[2 * v] = x.x, w[2 * v + 1] = x.y;
       }
-      uint32_t w[F::kHalfWords];  // the second half starts 2 words into its window
-      static_assert(F::kHalfWords + 2 <= F::kWindowVecs * 4);
-#pragma unroll
-      for (int i = 0; i < F::kHalfWords; ++i) w[i] = half ? raw[i + 2] : raw[i];
-      const int jg = gi % gpr;
-      const int8_t* bq = s_bq + jg * kBGroupBytes + half * kHalfBlocks * kQBlock;
-      const float2* bs = s_bs + jg * (kBScaleBytes / 8) + half * kHalfBlocks;
+      const int jg = my_column + (gi - my_group);
+      const int8_t* bq = s_bq + jg * kBGroupBytes + half * kBHalfBytes;
+      const float2* bs = s_bs + (jg * kBScaleBytes + half * kBScaleHalf) / 8;
       half_group_block<kType, 0, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
       half_group_block<kType, 1, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
       half_group_block<kType, 2, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
       half_group_block<kType, 3, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
     }
+    float* red = s_red + buf * red_stride;
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
-      s_red[(c * 2 + half) * kTileGroups + my_group] = acc[c];
-    }
-    __syncthreads();  // partials complete; the stage may be refilled from here on
-    // Row sums in a fixed order (deterministic): warp w takes rows w, w + 16, ...
-    const int part_begin = pick(parts.row_start, p);
-    const int part_rows = pick(parts.row_start, p + 1) - part_begin;
-    float* out = pick(parts.out, p) + z * int64_t(part_rows) * kCols;
-    const int slots = tile_rows == 1 ? min(gpr, kTileGroups) : gpr;
-    for (int rr = warp; rr < nr; rr += kStagedThreads / 32) {
-      const int lo = tile_rows == 1 ? 0 : rr * gpr;
+      float v = acc[c] + __shfl_xor_sync(0xffffffffu, acc[c], 1);
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        const float* r = s_red + c * 2 * kTileGroups + lo;
-        float v = 0.0f;
-        for (int i = lane; i < slots; i += 32) v += r[i] + r[kTileGroups + i];
-        v = warp_sum(v);
-        if (lane == 0) out[int64_t(c) * part_rows + (r0 - part_begin) + rr] = v;
+      for (int o = 2; o < 32; o <<= 1) {
+        const float n = __shfl_down_sync(0xffffffffu, v, o);
+        if (lane + o <= seg_last_lane) v += n;
       }
+      if (seg_head) red[c * tile_groups + my_group] = v;
     }
-    r0 += nr;
+    prev_part_rows = pick(parts.row_start, cur.part + 1) - cur.part_begin;
+    prev_out = pick(parts.out, cur.part) + int64_t(z) * prev_part_rows * kCols +
+               (cur.row - cur.part_begin);
+    prev_rows = nr;
+    cur.row += nr;
+    slot = slot == (kStages - 1) * stage_bytes ? 0 : slot + stage_bytes;
+    buf ^= 1;
   }
+  __syncthreads();
+  if (prev_rows > 0)
+    write_rows(prev_out, prev_part_rows, prev_rows, s_red + (buf ^ 1) * red_stride);
   cp_async_wait<0>();  // no copy may outlive the CTA (the trailing groups are empty)
 }
 
@@ -460,30 +550,44 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
     parts.row_start[i + 1] = int(parts.row_start[i] + a.ne[1]);
   }
   const int64_t M = parts.row_start[parts.count];
-  const StagedLayout l = staged_layout<kType>(K, kCols);
+  // With the shared memory of half an SM, the next kernel's CTA fits beside this one's.
+  // Two CTAs per SM (this kernel's and the next one's) only where half an SM's shared memory
+  // still holds tiles for 12 warps: with fewer (wide rows, Q8_0) one CTA alone with a deeper ring
+  // measured faster (bench/NOTES.md).
+  bool pair = kStagedMinBlocks<kCols> >= 2;
+  StagedLayout l = staged_layout<kType>(K, kCols, ctx.smem_pair, kPairStages);
+  if (!pair || l.total > ctx.smem_pair || l.threads < 384) {
+    pair = false;
+    l = staged_layout<kType>(K, kCols, ctx.smem_optin, kSoloStages);
+  }
   if (l.total > ctx.smem_optin) return false;
-  auto kernel = staged_matvec_kernel<kType, kCols>;
-  ctx.check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)),
-            "quantized_matmul", "cudaFuncSetAttribute");
-  int per_sm = 0;
-  ctx.check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kStagedThreads, l.total),
-            "quantized_matmul", "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  const int64_t ctas = std::min<int64_t>(int64_t(ctx.sm_count) * std::max(per_sm, 1), M);
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(ctas), unsigned(b.ne[2] * b.ne[3]));
-  config.blockDim = dim3(kStagedThreads);
-  config.dynamicSmemBytes = l.total;
-  config.stream = ctx.stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  ctx.check(cudaLaunchKernelEx(&config, kernel, parts, int64_t(a0.nb[2]), int64_t(a0.nb[3]),
-                               int64_t(b.ne[2] / a0.ne[2]), int64_t(b.ne[3] / a0.ne[3]), l.gpr,
-                               l.rows, l.stage_bytes, uint32_t(l.b_scale), uint32_t(l.reduce),
-                               uint32_t(l.stages), bp, int64_t(b.ne[2])),
-            "quantized_matmul", "cudaLaunchKernelEx");
+  auto launch = [&](auto kernel) {
+    ctx.check(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)),
+        "quantized_matmul", "cudaFuncSetAttribute");
+    cudaLaunchConfig_t config{};  // one CTA per SM: a second would leave the next kernel no room
+    config.gridDim =
+        dim3(unsigned(std::min<int64_t>(ctx.sm_count, M)), unsigned(b.ne[2] * b.ne[3]));
+    config.blockDim = dim3(unsigned(l.threads));
+    config.dynamicSmemBytes = l.total;
+    config.stream = ctx.stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    const int64_t ctas = config.gridDim.x;
+    ctx.check(cudaLaunchKernelEx(&config, kernel, parts, int64_t(a0.nb[2]), int64_t(a0.nb[3]),
+                                 int(b.ne[2] / a0.ne[2]), int(b.ne[3] / a0.ne[3]), int(b.ne[2]),
+                                 int(M / ctas), int(M % ctas), l.gpr, l.rows, l.stage_bytes,
+                                 uint32_t(l.b_scale), uint32_t(l.reduce), uint32_t(l.stages), bp),
+              "quantized_matmul", "cudaLaunchKernelEx");
+  };
+  if (pair) {
+    launch(staged_matvec_kernel<kType, kCols, kPairStages>);
+  } else {
+    launch(staged_matvec_kernel<kType, kCols, kSoloStages>);
+  }
   return true;
 }
 
