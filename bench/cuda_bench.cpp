@@ -200,17 +200,13 @@ void BM_QkvMatvec(benchmark::State& state) {
   const DType dtype = state.range(0) == 4 ? DType::Q4_0 : DType::Q8_0;
   constexpr int kCopies = 8;
   const int64_t K = 4096, rows[3] = {4096, 1024, 1024};
+  const char* names[3] = {"q", "k", "v"};
   Graph g;
   TensorId x = g.input("x", DType::F32, {K, 1});
   double bytes = 4.0 * double(K);
   for (int i = 0; i < kCopies; ++i) {
     for (int p = 0; p < 3; ++p) {
-      g.mark_output(g.matmul(g.weight(indexed(p == 0   ? "q"
-                                              : p == 1 ? "k"
-                                                       : "v",
-                                              i),
-                                      dtype, {K, rows[p]}),
-                             x));
+      g.mark_output(g.matmul(g.weight(indexed(names[p], i), dtype, {K, rows[p]}), x));
       if (i == 0) bytes += double(row_bytes(dtype, K)) * double(rows[p]) + 4.0 * double(rows[p]);
     }
   }

@@ -195,19 +195,20 @@ struct StagedLayout {
 // The tiles as large as `budget` bytes of shared memory allow (at most kStageTargetBytes);
 // total > budget when not even one row per tile fits.
 template <DType kType>
-StagedLayout staged_layout(int64_t K, int cols, size_t budget, int kStages) {
+StagedLayout staged_layout(int64_t K, int cols, size_t budget, int ring) {
   StagedLayout l{};
   l.gpr = int(K / kGroupElems);
   const int row_bytes = l.gpr * GroupFormat<kType>::kBytes;
   l.b_scale = size_t(cols) * size_t(l.gpr) * kBGroupBytes;
   l.reduce = l.b_scale + size_t(cols) * size_t(l.gpr) * kBScaleBytes;
-  l.stages = l.reduce + 2 * size_t(cols) * kStagedThreads * sizeof(float);
-  const size_t room = budget > l.stages ? (budget - l.stages) / kStages : 0;
+  // Two partial buffers of one float per column and group slot (threads / 2 slots).
+  l.stages = l.reduce + size_t(cols) * kStagedThreads * sizeof(float);
+  const size_t room = budget > l.stages ? (budget - l.stages) / ring : 0;
   const int stage_cap = int(std::min<size_t>(kStageTargetBytes, room));
   l.rows = std::max(1, std::min(kMaxTileGroups / l.gpr, stage_cap / row_bytes));
   l.threads = std::min(kStagedThreads, (2 * l.rows * l.gpr + 31) / 32 * 32);
   l.stage_bytes = l.rows * row_bytes;
-  l.total = l.stages + size_t(kStages) * size_t(l.stage_bytes);
+  l.total = l.stages + size_t(ring) * size_t(l.stage_bytes);
   return l;
 }
 
@@ -550,7 +551,6 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
     parts.row_start[i + 1] = int(parts.row_start[i] + a.ne[1]);
   }
   const int64_t M = parts.row_start[parts.count];
-  // With the shared memory of half an SM, the next kernel's CTA fits beside this one's.
   // Two CTAs per SM (this kernel's and the next one's) only where half an SM's shared memory
   // still holds tiles for 12 warps: with fewer (wide rows, Q8_0) one CTA alone with a deeper ring
   // measured faster (bench/NOTES.md).
