@@ -2,7 +2,8 @@
 // device and link profiles (built-in defaults, overridable from JSON) that turn them into time.
 //
 //   compute_us  = max(flops / peak_flops[dtype class], bytes / memory_bandwidth) + launch_us
-//   transfer_us = sum over inputs not resident on the backend of hops * (bytes / link + latency)
+//   transfer_us = sum over inputs not resident on the backend of hops * (bytes / link + latency),
+//                 a weight's divided by the runs its one upload serves (weight_runs)
 //   memory_bytes = bytes of every distinct input storage + the output (0 when it aliases)
 #pragma once
 
@@ -100,9 +101,11 @@ class CostModel {
 
   // The cost of running `node` on a backend with `profile`. input_hops[i] says how far
   // node.inputs[i] is from that backend: 0 resident, 1 one link copy (host <-> device),
-  // 2 device -> host -> device. Empty: everything resident. Repeated storages count once.
+  // 2 device -> host -> device. Empty: everything resident. Repeated storages count once. A
+  // weight is copied once and then read by every later run: its transfer counts 1 / weight_runs
+  // (the scheduler passes kWeightReuseRuns for device candidates).
   static OpCost estimate(const Graph& graph, const Node& node, const BackendProfile& profile,
-                         std::span<const uint8_t> input_hops = {});
+                         std::span<const uint8_t> input_hops = {}, double weight_runs = 1.0);
   static double transfer_us(size_t bytes, const LinkProfile& link, int hops = 1);
 
  private:

@@ -159,7 +159,7 @@ double CostModel::transfer_us(size_t bytes, const LinkProfile& link, int hops) {
 }
 
 OpCost CostModel::estimate(const Graph& graph, const Node& node, const BackendProfile& profile,
-                           std::span<const uint8_t> input_hops) {
+                           std::span<const uint8_t> input_hops, double weight_runs) {
   OpCost cost;
   if (!is_compute(node.op)) return cost;
   OpWork w = op_work(graph, node);
@@ -185,7 +185,8 @@ OpCost CostModel::estimate(const Graph& graph, const Node& node, const BackendPr
     size_t bytes = graph.tensor(s).bytes();
     cost.memory_bytes += bytes;
     int hops = i < input_hops.size() ? input_hops[i] : 0;
-    cost.transfer_us += transfer_us(bytes, profile.link, hops);
+    const double runs = graph.node(s).op == OpKind::Weight ? weight_runs : 1.0;
+    cost.transfer_us += transfer_us(bytes, profile.link, hops) / runs;
   }
   const TensorDesc& out = graph.tensor(node.id);
   if (!out.is_view()) cost.memory_bytes += out.bytes();

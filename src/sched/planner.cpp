@@ -207,17 +207,9 @@ class Walk {
       // A host candidate pulls device data over that device's link.
       if (gb == 0 && source_device != kNoBackend)
         prof.link = c_.profiles[size_t(source_device)].link;
-      e.cost = CostModel::estimate(g_, n, prof, hops_);
-      // A weight is uploaded once and then read on every later run: its copy counts
-      // 1 / kWeightReuseRuns of its time, or one upload would keep a weight off the GPU forever.
-      if (gb != 0) {
-        for (size_t i = 0; i < n.inputs.size(); ++i) {
-          TensorId s = g_.storage_of(n.inputs[i]);
-          if (hops_[i] == 0 || g_.node(s).op != OpKind::Weight) continue;
-          const double once = CostModel::transfer_us(g_.tensor(s).bytes(), prof.link, hops_[i]);
-          e.cost.transfer_us -= once * (1.0 - 1.0 / kWeightReuseRuns);
-        }
-      }
+      // A device keeps a weight it was sent: one upload serves many runs, or it would keep a
+      // weight off the GPU forever.
+      e.cost = CostModel::estimate(g_, n, prof, hops_, gb != 0 ? kWeightReuseRuns : 1.0);
       e.persistent = persistent;
       e.needed = persistent + transient;
       e.free = c_.budgets[b] > used_[b] ? c_.budgets[b] - used_[b] : 0;

@@ -113,6 +113,9 @@ TEST(CostModel, EstimateFollowsTheFormula) {
   const uint8_t hops[] = {1, 2};
   c = CostModel::estimate(g, g.node(y), p, hops);
   EXPECT_NEAR(c.transfer_us, (26.2144 + 2.0) + 2 * (0.4096 + 2.0), 1e-9);
+  // A weight's one upload spread over 4 runs; x is not a weight and moves every run.
+  c = CostModel::estimate(g, g.node(y), p, hops, 4.0);
+  EXPECT_NEAR(c.transfer_us, (26.2144 + 2.0) / 4 + 2 * (0.4096 + 2.0), 1e-9);
   // Compute bound: make memory fast.
   p.memory_bandwidth_gbs = 1e6;
   c = CostModel::estimate(g, g.node(y), p);

@@ -474,7 +474,7 @@ TEST(Scheduler, NoBackendCanRunTheOp) {
 
 // Profiles that differ by known factors: the GPU computes 100x faster and reads memory 100x
 // faster but pays launch and link costs.
-CostModel two_profiles() {
+CostModel two_profiles(LinkProfile gpu_link = {10.0, 2.0}) {
   CostModel m;
   BackendProfile cpu;
   cpu.peak_gflops = {100.0, 100.0, 100.0};
@@ -484,7 +484,7 @@ CostModel two_profiles() {
   gpu.peak_gflops = {10000.0, 10000.0, 10000.0};
   gpu.memory_bandwidth_gbs = 1000.0;
   gpu.launch_us = 5.0;
-  gpu.link = {10.0, 2.0};
+  gpu.link = gpu_link;
   m.set_profile("cpu", cpu);
   m.set_profile("gpu", gpu);
   return m;
@@ -521,15 +521,11 @@ TEST(Scheduler, AutomaticMatchesCostsComputedByHand) {
 
   // A link 40x slower makes even the amortized upload dearer than the CPU:
   // gpu = 5.270336 + (1048.576 + 2) / 32 + (16.384 + 2) = 56.485 us > 28.0336 us.
-  CostModel slow = two_profiles();
-  BackendProfile gpu = slow.profile("gpu", BackendKind::Gpu);
-  gpu.link = {0.25, 2.0};
-  slow.set_profile("gpu", gpu);
   auto slow_sched = HybridScheduler::builder()
                         .with_backend(make_cpu())
                         .with_backend(make_gpu())
                         .strategy(Strategy::automatic())
-                        .cost_model(slow)
+                        .cost_model(two_profiles({0.25, 2.0}))
                         .build();
   auto ps = slow_sched.plan(g);
   EXPECT_EQ(ps->at(y).backend->backend_id(), "cpu");
@@ -597,15 +593,11 @@ TEST(Scheduler, AutomaticMovesOffTheCheapestWhenItHasNoRoom) {
   TensorId w = g.weight("w", DType::F32, {256, 256});
   TensorId y = g.matmul(w, x);
   g.mark_output(y);
-  CostModel m = two_profiles();
-  BackendProfile gpu = m.profile("gpu", BackendKind::Gpu);
-  gpu.link = {1e6, 0.0};  // free transfers: the GPU is cheapest
-  m.set_profile("gpu", gpu);
   auto sched = HybridScheduler::builder()
                    .with_backend(make_cpu())
                    .with_backend(make_gpu())
                    .strategy(Strategy::automatic())
-                   .cost_model(m)
+                   .cost_model(two_profiles({1e6, 0.0}))  // free transfers: the GPU is cheapest
                    .memory_budget("gpu", 1000)
                    .build();
   auto p = sched.plan(g);
