@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "tandem/dtype.h"
 
@@ -121,6 +122,50 @@ __device__ __forceinline__ float block_reduce(float v, float* shared) {
   v = kMax ? warp_max(v) : warp_sum(v);
   __syncthreads();
   return v;
+}
+
+// Programmatic dependent launch (sm_90; launched with programmaticStreamSerializationAllowed):
+// wait until the preceding kernel has finished and its writes are visible; let the next kernel
+// start launching. Before the wait a kernel may only fetch (prefetch_l2) what that kernel writes.
+// (No-ops before sm_90, where no launch is programmatic.)
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// Pulls the 128-byte line at p into the L2; returns nothing, so it may run ahead of a writer.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+// Prefetches [p, p + bytes) into the L2, the block's threads taking one line each in turn.
+__device__ __forceinline__ void prefetch_l2_span(const void* p, int64_t bytes) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  for (int64_t off = int64_t(threadIdx.x) * 128; off < bytes; off += int64_t(blockDim.x) * 128) {
+    prefetch_l2(c + off);
+  }
+}
+
+// Launches `kernel` as a programmatic dependent of the stream's previous kernel: it may start
+// while that one drains, and must call grid_dependency_wait() before reading what it writes.
+template <typename... Params, typename... Args>
+cudaError_t launch_programmatic(cudaStream_t stream, dim3 grid, dim3 block, size_t smem,
+                                void (*kernel)(Params...), Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 inline unsigned grid_1d(int64_t n, int threads, int64_t cap = 65535LL * 16) {

@@ -175,14 +175,6 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
-// Programmatic dependent launch: wait for the preceding kernel's results; let the next
-// kernel start launching.
-__device__ __forceinline__ void grid_dependency_wait() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-__device__ __forceinline__ void grid_launch_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
 
 struct StagedLayout {
   int gpr;                                // groups per row (K / 256)
@@ -294,10 +286,6 @@ __device__ __forceinline__ T pick(const T (&v)[kN], int i) {
   return r;
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-
 // The part (matrix) that row r of all parts' rows belongs to.
 __device__ __forceinline__ int part_of(const MatvecParts& parts, int r) {
   int p = 0;
@@ -385,20 +373,19 @@ __global__ __launch_bounds__(kStagedThreads, kStagedMinBlocks<kCols>) void stage
   grid_dependency_wait();  // b is written by the preceding kernel
 
   // Quantize b while the first tiles arrive: a block of 32 per pair of lanes, 16 values each.
+  // Two items' loads go out before either is used (one L2 round trip for b up to 2 * threads
+  // blocks: K = 14336 with 448 threads).
   const int blocks_per_col = gpr * kGroupBlocks;
-  for (int t = tid; t < 2 * kCols * blocks_per_col; t += threads) {
+  const int items = 2 * kCols * blocks_per_col;
+  auto quantize = [&](int t, const float4(&x)[4]) {
     const int blk = t / 2, part = t % 2;
-    const float4* src = reinterpret_cast<const float4*>(b + int64_t(blk) * kQBlock) + 4 * part;
-    float4 x[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) x[i] = __ldcg(src + i);
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       amax = fmaxf(amax,
                    fmaxf(fmaxf(fabsf(x[i].x), fabsf(x[i].y)), fmaxf(fabsf(x[i].z), fabsf(x[i].w))));
     }
-    // Both lanes of a pair are active together: 2 * kCols * blocks_per_col is even.
+    // Both lanes of a pair are active together: items and threads are even.
     amax = fmaxf(amax, __shfl_xor_sync(__activemask(), amax, 1));
     const float d = amax / 127.0f;
     const float inv = d > 0.0f ? 1.0f / d : 0.0f;
@@ -422,6 +409,21 @@ __global__ __launch_bounds__(kStagedThreads, kStagedMinBlocks<kCols>) void stage
       s_bs[((c * gpr + g) * kBScaleBytes + h * kBScaleHalf) / 8 + jj] =
           make_float2(d, kQ4 ? 8.0f * d * float(sum) : 0.0f);
     }
+  };
+  for (int t0 = tid; t0 < items; t0 += 2 * threads) {
+    float4 x[2][4];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int t = t0 + u * threads;
+      const float4* src =
+          reinterpret_cast<const float4*>(b + int64_t(t / 2) * kQBlock) + 4 * (t % 2);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        x[u][i] = t < items ? __ldcg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+    quantize(t0, x[0]);
+    if (t0 + threads < items) quantize(t0 + threads, x[1]);
   }
 
   // Lanes 2i and 2i + 1 take the two halves of group slot 16 * warp + i: the 8-byte shared loads
@@ -565,23 +567,15 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
     ctx.check(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)),
         "quantized_matmul", "cudaFuncSetAttribute");
-    cudaLaunchConfig_t config{};  // one CTA per SM: a second would leave the next kernel no room
-    config.gridDim =
-        dim3(unsigned(std::min<int64_t>(ctx.sm_count, M)), unsigned(b.ne[2] * b.ne[3]));
-    config.blockDim = dim3(unsigned(l.threads));
-    config.dynamicSmemBytes = l.total;
-    config.stream = ctx.stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    const int64_t ctas = config.gridDim.x;
-    ctx.check(cudaLaunchKernelEx(&config, kernel, parts, int64_t(a0.nb[2]), int64_t(a0.nb[3]),
-                                 int(b.ne[2] / a0.ne[2]), int(b.ne[3] / a0.ne[3]), int(b.ne[2]),
-                                 int(M / ctas), int(M % ctas), l.gpr, l.rows, l.stage_bytes,
-                                 uint32_t(l.b_scale), uint32_t(l.reduce), uint32_t(l.stages), bp),
-              "quantized_matmul", "cudaLaunchKernelEx");
+    // One CTA per SM: a second would leave the next kernel no room.
+    const int64_t ctas = std::min<int64_t>(ctx.sm_count, M);
+    ctx.check(launch_programmatic(ctx.stream, dim3(unsigned(ctas), unsigned(b.ne[2] * b.ne[3])),
+                                  dim3(unsigned(l.threads)), l.total, kernel, parts,
+                                  int64_t(a0.nb[2]), int64_t(a0.nb[3]), int(b.ne[2] / a0.ne[2]),
+                                  int(b.ne[3] / a0.ne[3]), int(b.ne[2]), int(M / ctas),
+                                  int(M % ctas), l.gpr, l.rows, l.stage_bytes, uint32_t(l.b_scale),
+                                  uint32_t(l.reduce), uint32_t(l.stages), bp),
+              "quantized_matmul", "launch");
   };
   if (pair) {
     launch(staged_matvec_kernel<kType, kCols, kPairStages>);
