@@ -124,13 +124,30 @@ __global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_att
   const int t4 = lane % 4, row = lane / 4, row_head = row % kDecodeHeads;
   const bool low = row >= kDecodeHeads;
 
+  // Launched as a programmatic dependent: until the preceding kernel is done (it may write q,
+  // this token's K/V row, even pos) the block only pulls its share of K and V into the L2, as
+  // far as a relaxed read of pos says the context reaches (a stale hint costs fetches, never
+  // results; starting the copies from it measured slower than waiting for pos).
+  {
+    int hint;
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(hint) : "l"(pos + t));
+    const int reach = hint >= 0 && hint < C ? hint + 1 : 0;  // keys the hint says exist
+    const int first = split * chunk, last = min(first + chunk, reach);
+    for (int i = threadIdx.x; i < 4 * (last - first); i += kDecodeThreads) {
+      const __half* base = (i % 4 < 2 ? k : v) + hk * head_stride;
+      prefetch_l2(base + int64_t(first + i / 4) * token_stride + (i % 2) * 64);
+    }
+  }
+  grid_launch_dependents();
+  grid_dependency_wait();
+
   // q and pos are loaded together; the K/V copies wait only for pos. This thread builds lane
   // `lane`'s q fragment of k16 step `warp` (dims 16 * warp + 2 * t4 + {0, 1, 8, 9}).
   const float* q_dims =
       q + (int64_t(t) * Hq + h0 + min(row_head, n_heads - 1)) * kDecodeDim + 16 * warp + 2 * t4;
   const float2 q_a = *reinterpret_cast<const float2*>(q_dims);
   const float2 q_b = *reinterpret_cast<const float2*>(q_dims + 8);
-  const int p = pos[t];
+  const int p = __ldcg(pos + t);  // from the L2: the hint may have left a line in L1
   int n_kv = p + 1;
   if (p < 0 || p >= C) {
     if (threadIdx.x == 0) atomicCAS(error_flag, kDeviceOk, kPositionOutOfRange);
@@ -362,6 +379,7 @@ AttentionPlan plan_decode_attention(const TensorDesc& q, const TensorDesc& k, in
   const int group_slices = int((Hq / Hkv + kDecodeHeads - 1) / kDecodeHeads);
   const int64_t units = Hkv * group_slices * T;
   // One wave of kDecodeBlocksPerSm blocks an SM, and at least a tile per warp in each split.
+  // (One block an SM, leaving the other slot to the next kernel, measured slower.)
   int64_t splits = std::max<int64_t>(int64_t(sm_count) * kDecodeBlocksPerSm / units, 1);
   splits = std::min<int64_t>({splits, kDecodeMaxSplits, (C + kBlockKeys - 1) / kBlockKeys});
   splits = std::max<int64_t>(splits, 1);
@@ -408,13 +426,17 @@ void launch_decode(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& k = *e.inputs[1].desc;
   const AttentionPlan plan = fit_to_context(ctx, q, k, plan_decode_attention(q, k, ctx.sm_count));
   constexpr float kLog2e = 1.4426950408889634f;
-  dim3 grid(unsigned(k.ne[1] * plan.group_slices), unsigned(plan.splits), unsigned(q.ne[2]));
-  decode_attention_kernel<<<grid, kDecodeThreads, kDecodeSmemBytes, ctx.stream>>>(
-      static_cast<const float*>(e.inputs[0].data), static_cast<const __half*>(e.inputs[1].data),
-      static_cast<const __half*>(e.inputs[2].data), static_cast<const int32_t*>(e.inputs[3].data),
-      static_cast<float*>(e.output.data), int(q.ne[1]), int(k.ne[1]), int(k.ne[2]), k.nb[1] / 2,
-      int(k.nb[2] / 2), e.node->params.scale * kLog2e, plan.group_slices, plan.splits, plan.chunk,
-      static_cast<float*>(ctx.scratch), ctx.counters, ctx.error_flag);
+  const dim3 grid(unsigned(k.ne[1] * plan.group_slices), unsigned(plan.splits), unsigned(q.ne[2]));
+  ctx.check(
+      launch_programmatic(
+          ctx.stream, grid, dim3(kDecodeThreads), kDecodeSmemBytes, decode_attention_kernel,
+          static_cast<const float*>(e.inputs[0].data), static_cast<const __half*>(e.inputs[1].data),
+          static_cast<const __half*>(e.inputs[2].data),
+          static_cast<const int32_t*>(e.inputs[3].data), static_cast<float*>(e.output.data),
+          int(q.ne[1]), int(k.ne[1]), int(k.ne[2]), k.nb[1] / 2, int(k.nb[2] / 2),
+          e.node->params.scale * kLog2e, plan.group_slices, plan.splits, plan.chunk,
+          static_cast<float*>(ctx.scratch), ctx.counters, ctx.error_flag),
+      "attention", "launch");
 }
 
 // cp.async and the vector loads and stores need 16-byte rows and outputs; V must share K's
