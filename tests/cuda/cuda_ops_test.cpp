@@ -1,6 +1,10 @@
 // Every CUDA kernel against the reference backend by NMSE, with fresh random inputs.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <random>
+#include <vector>
+
 #include "cuda_test_util.h"
 #include "reference_backend.h"
 #include "tandem/error.h"
@@ -344,10 +348,26 @@ TEST(CudaOps, TransformerBlockAsOneSegment) {
   TensorId h2 = g.rms_norm(x2, norm, 1e-5f);
   TensorId f = g.matmul(wd, g.swiglu(g.matmul(wg, h2), g.matmul(wu, h2)));
   g.mark_output(g.add(x2, f));
+  // Q and K weights a quarter the size of the others. With all weights in [-1, 1] the logits
+  // spread ~28, the softmax is all but an argmax, and the int8 rounding of the matrix-vector
+  // kernels' input moves weight between near-tied keys: block NMSE up to 6e-3 (9 of 40 seeds
+  // over the limit, H100). A quarter gives logits of spread ~2.
+  std::mt19937 rng(test_seed());
+  auto quarter_scale = [&](TensorId id) {
+    const TensorDesc& d = g.tensor(id);
+    std::uniform_real_distribution<float> dist(-0.25f, 0.25f);
+    std::vector<float> v(static_cast<size_t>(d.elements()));
+    for (float& e : v) e = dist(rng);
+    Bytes out(d.bytes());
+    from_f32(d.dtype, v.data(), out.data(), d.elements());
+    return out;
+  };
+  const std::map<TensorId, Bytes> fixed = {{ids, ints_bytes({3, 7})},
+                                           {pos, ints_bytes({30, 31})},
+                                           {wq, quarter_scale(wq)},
+                                           {wk, quarter_scale(wk)}};
   for (int rep = 0; rep < 2; ++rep) {
-    expect_close(compare_with_reference(
-                     g, *backend, {{ids, ints_bytes({3, 7})}, {pos, ints_bytes({30, 31})}}, true),
-                 kMatmul, "block");
+    expect_close(compare_with_reference(g, *backend, fixed, true), kMatmul, "block");
   }
 }
 
