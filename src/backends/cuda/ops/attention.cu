@@ -94,17 +94,8 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
   __shared__ float s_acc[kWarps][kMaxGroup][kMaxDim];
   __shared__ bool s_last;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int hk = blockIdx.x / group_slices, slice = blockIdx.x % group_slices;
-  const int split = blockIdx.y, t = blockIdx.z;
-  const int group = Hq / Hkv;
-  const int h0 = hk * group + slice * kMaxGroup;
-  const int n_heads = min(kMaxGroup, group - slice * kMaxGroup);
-  const int p = pos[t];
-  int n_kv = p + 1;
-  if (p < 0 || p >= C) {
-    if (threadIdx.x == 0) atomicCAS(error_flag, kDeviceOk, kPositionOutOfRange);
-    n_kv = 0;
-  }
+  const auto [hk, split, t, h0, n_heads] = block_place<kMaxGroup>(Hq, Hkv, group_slices);
+  const int n_kv = keys_seen(pos[t], C, error_flag);
   const int begin = split * chunk, end = min(begin + chunk, n_kv);
   const int d0 = lane * kDpl;
 

@@ -29,6 +29,31 @@ inline bool is_aligned(const void* p, size_t a) {
   return reinterpret_cast<uintptr_t>(p) % a == 0;
 }
 
+// A block's place in a plan's grid: kv head hk, its query heads [h0, h0 + n_heads) (slices of
+// at most kHeads of the group), split and query token.
+struct BlockPlace {
+  int hk, split, t, h0, n_heads;
+};
+template <int kHeads>
+__device__ __forceinline__ BlockPlace block_place(int Hq, int Hkv, int group_slices) {
+  const int slice = int(blockIdx.x) % group_slices, group = Hq / Hkv;
+  BlockPlace b;
+  b.hk = int(blockIdx.x) / group_slices;
+  b.split = int(blockIdx.y);
+  b.t = int(blockIdx.z);
+  b.h0 = b.hk * group + slice * kHeads;
+  b.n_heads = min(kHeads, group - slice * kHeads);
+  return b;
+}
+
+// The keys a query at position p attends (p + 1), or none when p lies outside a cache of C
+// positions: the device flag is raised and the token skipped.
+__device__ __forceinline__ int keys_seen(int p, int C, int32_t* error_flag) {
+  if (p >= 0 && p < C) return p + 1;
+  if (threadIdx.x == 0) atomicCAS(error_flag, kDeviceOk, kPositionOutOfRange);
+  return 0;
+}
+
 // The split handshake: each block has published its partial result; the last of `splits`
 // blocks to arrive at `counter` returns true and then sees every partial. Called by every
 // thread of the block; s_last is a __shared__ flag.

@@ -114,11 +114,7 @@ __global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_att
   __shared__ float s_m[kDecodeWarps][kDecodeHeads], s_l[kDecodeWarps][kDecodeHeads];
   __shared__ bool s_last;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int hk = blockIdx.x / group_slices, slice = blockIdx.x % group_slices;
-  const int split = blockIdx.y, t = blockIdx.z;
-  const int group = Hq / Hkv;
-  const int h0 = hk * group + slice * kDecodeHeads;
-  const int n_heads = min(kDecodeHeads, group - slice * kDecodeHeads);
+  const auto [hk, split, t, h0, n_heads] = block_place<kDecodeHeads>(Hq, Hkv, group_slices);
   // mma fragments: lane holds row lane / 4 (head row % 4; rows 4-7 the low parts) and
   // columns 2 * (lane % 4) + {0, 1} (+8 for the second half of a k16 step).
   const int t4 = lane % 4, row = lane / 4, row_head = row % kDecodeHeads;
@@ -147,12 +143,8 @@ __global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_att
       q + (int64_t(t) * Hq + h0 + min(row_head, n_heads - 1)) * kDecodeDim + 16 * warp + 2 * t4;
   const float2 q_a = *reinterpret_cast<const float2*>(q_dims);
   const float2 q_b = *reinterpret_cast<const float2*>(q_dims + 8);
-  const int p = __ldcg(pos + t);  // from the L2: the hint may have left a line in L1
-  int n_kv = p + 1;
-  if (p < 0 || p >= C) {
-    if (threadIdx.x == 0) atomicCAS(error_flag, kDeviceOk, kPositionOutOfRange);
-    n_kv = 0;
-  }
+  // pos from the L2: the hint may have left its line in L1.
+  const int n_kv = keys_seen(__ldcg(pos + t), C, error_flag);
   const int begin = split * chunk, end = min(begin + chunk, n_kv);
   const int n_tiles = end > begin ? (end - begin + kTileKeys - 1) / kTileKeys : 0;
   const int my_tiles = n_tiles > warp ? (n_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;

@@ -594,27 +594,12 @@ bool launch_staged_for(const OpContext& ctx, std::span<const NodeExecution> exec
 
 // fn(std::integral_constant<int, n>) for n columns of b, 1 <= n <= kMatvecMaxColumns: the
 // matrix-vector kernels are compiled per column count.
-template <typename Fn>
+template <int kN = 1, typename Fn>
 decltype(auto) with_columns(int64_t n, Fn&& fn) {
-  static_assert(kMatvecMaxColumns == 8);
-  switch (n) {
-    case 1:
-      return fn(std::integral_constant<int, 1>{});
-    case 2:
-      return fn(std::integral_constant<int, 2>{});
-    case 3:
-      return fn(std::integral_constant<int, 3>{});
-    case 4:
-      return fn(std::integral_constant<int, 4>{});
-    case 5:
-      return fn(std::integral_constant<int, 5>{});
-    case 6:
-      return fn(std::integral_constant<int, 6>{});
-    case 7:
-      return fn(std::integral_constant<int, 7>{});
-    default:
-      return fn(std::integral_constant<int, 8>{});
+  if constexpr (kN < kMatvecMaxColumns) {
+    if (n > kN) return with_columns<kN + 1>(n, fn);
   }
+  return fn(std::integral_constant<int, kN>{});
 }
 
 template <int kCols>
