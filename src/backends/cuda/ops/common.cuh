@@ -142,14 +142,6 @@ __device__ __forceinline__ void grid_launch_dependents() {
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
-// Prefetches [p, p + bytes) into the L2, the block's threads taking one line each in turn.
-__device__ __forceinline__ void prefetch_l2_span(const void* p, int64_t bytes) {
-  const auto* c = static_cast<const unsigned char*>(p);
-  for (int64_t off = int64_t(threadIdx.x) * 128; off < bytes; off += int64_t(blockDim.x) * 128) {
-    prefetch_l2(c + off);
-  }
-}
-
 // Launches `kernel` as a programmatic dependent of the stream's previous kernel: it may start
 // while that one drains, and must call grid_dependency_wait() before reading what it writes.
 template <typename... Params, typename... Args>

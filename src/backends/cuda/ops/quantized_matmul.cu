@@ -133,8 +133,11 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
 // into groups of 8 blocks (256 elements: 144 or 272 bytes); each thread takes half a group (4
 // blocks, read with 8-byte shared loads) and lanes 2i and 2i + 1 share one. A tile holds as many
 // rows as give each thread of the CTA one half group, so a thread meets the same part of b in
-// every tile. One barrier per tile: a warp sums its lanes row by row with shuffles, and the row
-// sums of tile t are written while tile t + 1 is multiplied (two partial buffers).
+// every tile: with one column (decode) it reads that part (4 blocks: 128 quants and 4 scale
+// pairs, 40 registers) from shared memory once, not per tile (kRegB), which halves the shared
+// memory traffic of Q4_0's loop (its b bytes outnumber its weight bytes two to one). One barrier
+// per tile: a warp sums its lanes row by row with shuffles, and the row sums of tile t are
+// written while tile t + 1 is multiplied (two partial buffers).
 //
 // The kernel is launched as a programmatic dependent of the previous kernel: it fetches weights
 // (which no kernel writes) and pulls b's lines into the L2 (fetching is not reading: the L2 is
@@ -226,44 +229,74 @@ __device__ __forceinline__ float block_words(const uint32_t (&w)[GroupFormat<kTy
   return f16_bits_to_f32(d);
 }
 
+// The integer dot product of a weight block's quants q with b's quants of that block: lo holds
+// b's elements 0-15, hi 16-31. Q4_0's -8 offset is left to the caller (s.y below).
+template <DType kType>
+__device__ __forceinline__ int block_dot(const uint32_t (&q)[kType == DType::Q4_0 ? 4 : 8],
+                                         const int4& lo, const int4& hi) {
+  int dot;
+  if constexpr (kType == DType::Q4_0) {
+    // Byte i holds element i (low nibble) and i + 16 (high nibble).
+    dot = __dp4a(int(q[0] & 0x0F0F0F0Fu), lo.x, 0);
+    dot = __dp4a(int(q[1] & 0x0F0F0F0Fu), lo.y, dot);
+    dot = __dp4a(int(q[2] & 0x0F0F0F0Fu), lo.z, dot);
+    dot = __dp4a(int(q[3] & 0x0F0F0F0Fu), lo.w, dot);
+    dot = __dp4a(int((q[0] >> 4) & 0x0F0F0F0Fu), hi.x, dot);
+    dot = __dp4a(int((q[1] >> 4) & 0x0F0F0F0Fu), hi.y, dot);
+    dot = __dp4a(int((q[2] >> 4) & 0x0F0F0F0Fu), hi.z, dot);
+    dot = __dp4a(int((q[3] >> 4) & 0x0F0F0F0Fu), hi.w, dot);
+  } else {
+    dot = __dp4a(int(q[0]), lo.x, 0);
+    dot = __dp4a(int(q[1]), lo.y, dot);
+    dot = __dp4a(int(q[2]), lo.z, dot);
+    dot = __dp4a(int(q[3]), lo.w, dot);
+    dot = __dp4a(int(q[4]), hi.x, dot);
+    dot = __dp4a(int(q[5]), hi.y, dot);
+    dot = __dp4a(int(q[6]), hi.z, dot);
+    dot = __dp4a(int(q[7]), hi.w, dot);
+  }
+  return dot;
+}
+
+// acc += a weight block (scale dw, quants q) times b's block: quants lo/hi, scales s = {d,
+// 8 d sum(q)} (the second term is Q4_0's -8 offset).
+template <DType kType>
+__device__ __forceinline__ void block_accumulate(float dw,
+                                                 const uint32_t (&q)[kType == DType::Q4_0 ? 4 : 8],
+                                                 const int4& lo, const int4& hi, float2 s,
+                                                 float& acc) {
+  const int dot = block_dot<kType>(q, lo, hi);
+  if constexpr (kType == DType::Q4_0) {
+    acc += dw * (s.x * float(dot) - s.y);
+  } else {
+    acc += dw * s.x * float(dot);
+  }
+}
+
 // Adds block kBlk of a half group times the quantized b, for every column. bq and bs point at
 // the half group's first block of b (column 0).
 template <DType kType, int kBlk, int kCols>
 __device__ __forceinline__ void half_group_block(
     const uint32_t (&w)[GroupFormat<kType>::kHalfWords], const int8_t* bq, const float2* bs,
     int col_quant_bytes, int col_scales, float (&acc)[kCols]) {
-  constexpr bool kQ4 = kType == DType::Q4_0;
-  uint32_t q[kQ4 ? 4 : 8];
+  uint32_t q[kType == DType::Q4_0 ? 4 : 8];
   const float dw = block_words<kType, kBlk>(w, q);
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
     const int4 lo = *reinterpret_cast<const int4*>(bq + c * col_quant_bytes + kBlk * kQBlock);
     const int4 hi = *reinterpret_cast<const int4*>(bq + c * col_quant_bytes + kBlk * kQBlock + 16);
-    const float2 s = bs[c * col_scales + kBlk];
-    int dot;
-    if constexpr (kQ4) {
-      // Byte i holds element i (low nibble) and i + 16 (high nibble).
-      dot = __dp4a(int(q[0] & 0x0F0F0F0Fu), lo.x, 0);
-      dot = __dp4a(int(q[1] & 0x0F0F0F0Fu), lo.y, dot);
-      dot = __dp4a(int(q[2] & 0x0F0F0F0Fu), lo.z, dot);
-      dot = __dp4a(int(q[3] & 0x0F0F0F0Fu), lo.w, dot);
-      dot = __dp4a(int((q[0] >> 4) & 0x0F0F0F0Fu), hi.x, dot);
-      dot = __dp4a(int((q[1] >> 4) & 0x0F0F0F0Fu), hi.y, dot);
-      dot = __dp4a(int((q[2] >> 4) & 0x0F0F0F0Fu), hi.z, dot);
-      dot = __dp4a(int((q[3] >> 4) & 0x0F0F0F0Fu), hi.w, dot);
-      acc[c] += dw * (s.x * float(dot) - s.y);  // s.y = 8 d sum(q): the -8 offset
-    } else {
-      dot = __dp4a(int(q[0]), lo.x, 0);
-      dot = __dp4a(int(q[1]), lo.y, dot);
-      dot = __dp4a(int(q[2]), lo.z, dot);
-      dot = __dp4a(int(q[3]), lo.w, dot);
-      dot = __dp4a(int(q[4]), hi.x, dot);
-      dot = __dp4a(int(q[5]), hi.y, dot);
-      dot = __dp4a(int(q[6]), hi.z, dot);
-      dot = __dp4a(int(q[7]), hi.w, dot);
-      acc[c] += dw * s.x * float(dot);
-    }
+    block_accumulate<kType>(dw, q, lo, hi, bs[c * col_scales + kBlk], acc[c]);
   }
+}
+
+// The same for one column whose half group of b is held in registers.
+template <DType kType, int kBlk>
+__device__ __forceinline__ void half_group_block_held(
+    const uint32_t (&w)[GroupFormat<kType>::kHalfWords], const int4 (&lo)[kHalfBlocks],
+    const int4 (&hi)[kHalfBlocks], const float2 (&s)[kHalfBlocks], float& acc) {
+  uint32_t q[kType == DType::Q4_0 ? 4 : 8];
+  const float dw = block_words<kType, kBlk>(w, q);
+  block_accumulate<kType>(dw, q, lo[kBlk], hi[kBlk], s[kBlk], acc);
 }
 
 // Up to kMaxParts weight matrices (same K and dtype) multiplying the same b in one launch (Q, K
@@ -295,7 +328,7 @@ __device__ __forceinline__ int part_of(const MatvecParts& parts, int r) {
 }
 
 // Row split: CTA c of G takes rows_q + (c < rows_r) rows (rows_q = M / G, rows_r = M % G).
-template <DType kType, int kCols, int kStages>
+template <DType kType, int kCols, int kStages, bool kRegB>
 __global__ __launch_bounds__(kStagedThreads, kStagedMinBlocks<kCols>) void staged_matvec_kernel(
     MatvecParts parts, int64_t a_stride2, int64_t a_stride3, int a_div2, int a_div3, int b_ne2,
     int rows_q, int rows_r, int gpr, int tile_rows, int stage_bytes, uint32_t off_scale,
@@ -434,6 +467,20 @@ __global__ __launch_bounds__(kStagedThreads, kStagedMinBlocks<kCols>) void stage
   const int my_group = warp * 16 + lane / 2;
   const int my_column = my_group % gpr;
   const int col_quant_bytes = gpr * kBGroupBytes, col_scales = gpr * (kBScaleBytes / 8);
+  // With one column and tiles of several rows a thread meets the same half group of b in every
+  // tile: its quants and scales are read from shared memory once, into registers (kRegB).
+  int4 b_lo[kRegB ? kHalfBlocks : 1], b_hi[kRegB ? kHalfBlocks : 1];
+  float2 b_s[kRegB ? kHalfBlocks : 1];
+  if constexpr (kRegB) {
+    __syncthreads();  // b is quantized
+    const int8_t* bq = s_bq + my_column * kBGroupBytes + half * kBHalfBytes;
+#pragma unroll
+    for (int j = 0; j < kHalfBlocks; ++j) {
+      b_lo[j] = *reinterpret_cast<const int4*>(bq + j * kQBlock);
+      b_hi[j] = *reinterpret_cast<const int4*>(bq + j * kQBlock + 16);
+      b_s[j] = s_bs[(my_column * kBScaleBytes + half * kBScaleHalf) / 8 + j];
+    }
+  }
   // A warp sums its slots row by row (shuffles within the lanes of one row); the first lane of
   // each row in the warp leaves the sum in the slot's place, and a row adds the sums at its first
   // slot and at each warp start inside it, in a fixed order (deterministic).
@@ -489,12 +536,19 @@ __global__ __launch_bounds__(kStagedThreads, kStagedMinBlocks<kCols>) void stage
         w[2 * v] = x.x, w[2 * v + 1] = x.y;
       }
       const int jg = my_column + (gi - my_group);
-      const int8_t* bq = s_bq + jg * kBGroupBytes + half * kBHalfBytes;
       const float2* bs = s_bs + (jg * kBScaleBytes + half * kBScaleHalf) / 8;
-      half_group_block<kType, 0, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
-      half_group_block<kType, 1, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
-      half_group_block<kType, 2, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
-      half_group_block<kType, 3, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+      if constexpr (kRegB) {
+        half_group_block_held<kType, 0>(w, b_lo, b_hi, b_s, acc[0]);
+        half_group_block_held<kType, 1>(w, b_lo, b_hi, b_s, acc[0]);
+        half_group_block_held<kType, 2>(w, b_lo, b_hi, b_s, acc[0]);
+        half_group_block_held<kType, 3>(w, b_lo, b_hi, b_s, acc[0]);
+      } else {
+        const int8_t* bq = s_bq + jg * kBGroupBytes + half * kBHalfBytes;
+        half_group_block<kType, 0, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+        half_group_block<kType, 1, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+        half_group_block<kType, 2, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+        half_group_block<kType, 3, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+      }
     }
     float* red = s_red + buf * red_stride;
 #pragma unroll
@@ -577,10 +631,14 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
                                   uint32_t(l.reduce), uint32_t(l.stages), bp),
               "quantized_matmul", "launch");
   };
+  // b in registers: one column, and a thread's group of b the same in every tile.
+  const bool reg_b = kCols == 1 && l.rows > 1;
   if (pair) {
-    launch(staged_matvec_kernel<kType, kCols, kPairStages>);
+    reg_b ? launch(staged_matvec_kernel<kType, kCols, kPairStages, kCols == 1>)
+          : launch(staged_matvec_kernel<kType, kCols, kPairStages, false>);
   } else {
-    launch(staged_matvec_kernel<kType, kCols, kSoloStages>);
+    reg_b ? launch(staged_matvec_kernel<kType, kCols, kSoloStages, kCols == 1>)
+          : launch(staged_matvec_kernel<kType, kCols, kSoloStages, false>);
   }
   return true;
 }
