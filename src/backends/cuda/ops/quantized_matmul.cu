@@ -467,18 +467,22 @@ __global__ __launch_bounds__(kStagedThreads, kStagedMinBlocks<kCols>) void stage
   const int my_group = warp * 16 + lane / 2;
   const int my_column = my_group % gpr;
   const int col_quant_bytes = gpr * kBGroupBytes, col_scales = gpr * (kBScaleBytes / 8);
+  // This thread's half of group g of b (column 0): its quants and its blocks' scale pairs.
+  auto b_quants = [&](int g) { return s_bq + g * kBGroupBytes + half * kBHalfBytes; };
+  auto b_scales = [&](int g) { return s_bs + (g * kBScaleBytes + half * kBScaleHalf) / 8; };
   // With one column and tiles of several rows a thread meets the same half group of b in every
   // tile: its quants and scales are read from shared memory once, into registers (kRegB).
   int4 b_lo[kRegB ? kHalfBlocks : 1], b_hi[kRegB ? kHalfBlocks : 1];
   float2 b_s[kRegB ? kHalfBlocks : 1];
   if constexpr (kRegB) {
     __syncthreads();  // b is quantized
-    const int8_t* bq = s_bq + my_column * kBGroupBytes + half * kBHalfBytes;
+    const int8_t* bq = b_quants(my_column);
+    const float2* bs = b_scales(my_column);
 #pragma unroll
     for (int j = 0; j < kHalfBlocks; ++j) {
       b_lo[j] = *reinterpret_cast<const int4*>(bq + j * kQBlock);
       b_hi[j] = *reinterpret_cast<const int4*>(bq + j * kQBlock + 16);
-      b_s[j] = s_bs[(my_column * kBScaleBytes + half * kBScaleHalf) / 8 + j];
+      b_s[j] = bs[j];
     }
   }
   // A warp sums its slots row by row (shuffles within the lanes of one row); the first lane of
@@ -535,15 +539,15 @@ __global__ __launch_bounds__(kStagedThreads, kStagedMinBlocks<kCols>) void stage
         const uint2 x = src[v];
         w[2 * v] = x.x, w[2 * v + 1] = x.y;
       }
-      const int jg = my_column + (gi - my_group);
-      const float2* bs = s_bs + (jg * kBScaleBytes + half * kBScaleHalf) / 8;
       if constexpr (kRegB) {
         half_group_block_held<kType, 0>(w, b_lo, b_hi, b_s, acc[0]);
         half_group_block_held<kType, 1>(w, b_lo, b_hi, b_s, acc[0]);
         half_group_block_held<kType, 2>(w, b_lo, b_hi, b_s, acc[0]);
         half_group_block_held<kType, 3>(w, b_lo, b_hi, b_s, acc[0]);
       } else {
-        const int8_t* bq = s_bq + jg * kBGroupBytes + half * kBHalfBytes;
+        const int jg = my_column + (gi - my_group);
+        const int8_t* bq = b_quants(jg);
+        const float2* bs = b_scales(jg);
         half_group_block<kType, 0, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
         half_group_block<kType, 1, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
         half_group_block<kType, 2, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
