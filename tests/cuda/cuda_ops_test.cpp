@@ -225,6 +225,27 @@ TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
   }
 }
 
+// A product of a few outputs multiplies f32 b: with 8-bit b a single dot product of 32 terms misses
+// the bound in ~10% of random draws, so 64 draws each would all but surely catch an int8 path.
+TEST(CudaOps, QuantizedMatMulWithFewOutputsIsExact) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType d : {DType::Q4_0, DType::Q8_0}) {
+    for (auto [k, m, n] : {std::tuple{32, 1, 1}, {256, 3, 5}}) {
+      std::mt19937 rng(test_seed());
+      for (int draw = 0; draw < 64; ++draw) {
+        Graph g;
+        TensorId a = g.weight("a", d, {k, m}), b = g.input("b", DType::F32, {k, n});
+        g.mark_output(g.matmul(a, b));
+        const std::map<TensorId, Bytes> leaves{{a, random_leaf(g.tensor(a), rng)},
+                                               {b, random_leaf(g.tensor(b), rng)}};
+        expect_close(compare_with_reference(g, *backend, leaves), kMatmul,
+                     "few outputs " + std::string(dtype_name(d)) + " " + std::to_string(k) + "x" +
+                         std::to_string(m) + "x" + std::to_string(n));
+      }
+    }
+  }
+}
+
 void attention_case(CudaBackend& backend, DType cache, int64_t d, int64_t hq, int64_t hkv,
                     int64_t ctx, std::vector<int32_t> positions) {
   const auto t = int64_t(positions.size());
