@@ -184,6 +184,18 @@ constexpr int kBScaleHalf = kHalfBlocks * 8 + 8;  // bytes
 constexpr int kBScaleBytes = 2 * kBScaleHalf;
 template <int kCols>
 constexpr int kStagedMinBlocks = kCols <= 2 ? 2 : 1;  // CTAs per SM the registers allow
+// A CTA alone on its SM (the deeper ring) may use all of the SM's registers: at 64 the one-column
+// Q4_0 kernel spilled once its prologue grew, and with them Q4_0 and Q8_0 14336x4096 ran 0.3-0.7
+// us faster (bench/NOTES.md, session 6).
+template <int kCols, int kStages>
+constexpr int kStagedLaunchBlocks = kStages == kSoloStages ? 1 : kStagedMinBlocks<kCols>;
+// Tiles fetched before the wait for the preceding kernel; the rest follow once b is quantized.
+// b's loads queue behind the copies in flight, so the one-column Q4_0 kernel alone on its SM
+// (rows of 14336) sends two of its four first: 17.4 -> 15.5 us with the registers above. Q8_0 (its
+// copies take longer than b's quantization) measured best with all four.
+template <DType kType, int kCols, int kStages>
+constexpr int kPreIssue =
+    kStages == kSoloStages&& kType == DType::Q4_0&& kCols == 1 ? 2 : kStages - 1;
 
 template <DType kType>
 struct GroupFormat {
@@ -351,7 +363,8 @@ __device__ __forceinline__ int part_of(const MatvecParts& parts, int r) {
 
 // Row split: CTA c of G takes rows_q + (c < rows_r) rows (rows_q = M / G, rows_r = M % G).
 template <DType kType, int kCols, int kStages, bool kRegB>
-__global__ __launch_bounds__(kStagedThreads, kStagedMinBlocks<kCols>) void staged_matvec_kernel(
+__global__
+__launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void staged_matvec_kernel(
     MatvecParts parts, int64_t a_stride2, int64_t a_stride3, int a_div2, int a_div3, int b_ne2,
     int rows_q, int rows_r, int gpr, int tile_rows, int stage_bytes, uint32_t off_scale,
     uint32_t off_reduce, uint32_t off_stages, const float* b) {
@@ -422,8 +435,9 @@ __global__ __launch_bounds__(kStagedThreads, kStagedMinBlocks<kCols>) void stage
         fetch_dst == s_stage + (kStages - 1) * stage_bytes ? s_stage : fetch_dst + stage_bytes;
     cp_async_commit();  // possibly empty: keeps the group count uniform
   };
+  constexpr int kEarly = kPreIssue<kType, kCols, kStages>;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue();
+  for (int s = 0; s < kEarly; ++s) issue();
   grid_launch_dependents();
   grid_dependency_wait();  // b is written by the preceding kernel
 
@@ -480,6 +494,8 @@ __global__ __launch_bounds__(kStagedThreads, kStagedMinBlocks<kCols>) void stage
     quantize(t0, x[0]);
     if (t0 + threads < items) quantize(t0 + threads, x[1]);
   }
+#pragma unroll
+  for (int s = kEarly; s < kStages - 1; ++s) issue();
 
   // Lanes 2i and 2i + 1 take the two halves of group slot 16 * warp + i: the 8-byte shared loads
   // of 16 neighbouring lanes fall in distinct banks. In a tile of several rows slot s is group
