@@ -185,17 +185,18 @@ constexpr int kBScaleBytes = 2 * kBScaleHalf;
 template <int kCols>
 constexpr int kStagedMinBlocks = kCols <= 2 ? 2 : 1;  // CTAs per SM the registers allow
 // A CTA alone on its SM (the deeper ring) may use all of the SM's registers: at 64 the one-column
-// Q4_0 kernel spilled once its prologue grew, and with them Q4_0 and Q8_0 14336x4096 ran 0.3-0.7
-// us faster (bench/NOTES.md, session 6).
+// Q4_0 kernel spilled once its prologue grew; with them the one-column Q4_0 and Q8_0 kernels alone
+// on their SM ran 0.2-0.8 us faster (bench/NOTES.md, session 6).
 template <int kCols, int kStages>
 constexpr int kStagedLaunchBlocks = kStages == kSoloStages ? 1 : kStagedMinBlocks<kCols>;
 // Tiles fetched before the wait for the preceding kernel; the rest follow once b is quantized.
-// b's loads queue behind the copies in flight, so the one-column Q4_0 kernel alone on its SM
-// (rows of 14336) sends two of its four first: 17.4 -> 15.5 us with the registers above. Q8_0 (its
-// copies take longer than b's quantization) measured best with all four.
+// b's loads queue behind the copies in flight: the one-column Q4_0 kernel alone on its SM (rows of
+// 14336) measured fastest sending two of its four first (1, 3 or all four, or a sixth stage, were
+// slower); Q8_0 measured fastest with all four.
 template <DType kType, int kCols, int kStages>
-constexpr int kPreIssue =
-    kStages == kSoloStages&& kType == DType::Q4_0&& kCols == 1 ? 2 : kStages - 1;
+constexpr int kPreIssue = (kStages == kSoloStages && kType == DType::Q4_0 && kCols == 1)
+                              ? 2
+                              : kStages - 1;
 
 template <DType kType>
 struct GroupFormat {
