@@ -127,8 +127,9 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
 }
 
 // With 8-bit b one dot product of 32 terms carries ~0.4% relative error, so a product with a
-// handful of outputs can exceed the conformance bound (as on the CPU backend: ~10% of random 1x1
-// products). Such products cost nothing, so they multiply f32 b: one warp per output.
+// handful of outputs can exceed the conformance bound (~10% of random 1x1 products; the CPU backend
+// makes the same exception). Such products cost nothing, so they multiply f32 b (f16 b for the
+// GEMM is closer, still not exact): one warp per output.
 constexpr int64_t kMinOutputsForInt8 = 16;
 
 template <DType kType>
@@ -703,8 +704,24 @@ decltype(auto) with_columns(int64_t n, Fn&& fn) {
   return fn(std::integral_constant<int, kN>{});
 }
 
+// A product of fewer than kMinOutputsForInt8 outputs, any number of columns.
+void launch_exact(const OpContext& ctx, const NodeExecution& e) {
+  const TensorDesc& a = *e.inputs[0].desc;
+  const TensorDesc& b = *e.inputs[1].desc;
+  const int64_t M = a.ne[1], N = b.ne[1];
+  const dim3 grid(unsigned((M * N + kWarps - 1) / kWarps), unsigned(b.ne[2] * b.ne[3]));
+  auto kernel =
+      a.dtype == DType::Q4_0 ? exact_matvec_kernel<DType::Q4_0> : exact_matvec_kernel<DType::Q8_0>;
+  kernel<<<grid, kWarps * 32, 0, ctx.stream>>>(
+      static_cast<const uint8_t*>(e.inputs[0].data), a.nb[1], a.nb[2], a.nb[3], b.ne[2] / a.ne[2],
+      b.ne[3] / a.ne[3], int(M), int(N), a.ne[0], static_cast<const float*>(e.inputs[1].data),
+      b.ne[2], static_cast<float*>(e.output.data));
+  ctx.check_launch("quantized_matmul");
+}
+
 template <int kCols>
 void launch_matvec(const OpContext& ctx, const NodeExecution& e) {
+  if (launch_staged_for<kCols>(ctx, std::span(&e, 1))) return;
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
   const int64_t K = a.ne[0], M = a.ne[1];
@@ -713,16 +730,6 @@ void launch_matvec(const OpContext& ctx, const NodeExecution& e) {
   const auto* ap = static_cast<const uint8_t*>(e.inputs[0].data);
   const auto* bf = static_cast<const float*>(e.inputs[1].data);
   auto* op = static_cast<float*>(e.output.data);
-  if (e.output.desc->elements() < kMinOutputsForInt8) {
-    const dim3 grid(unsigned((M * kCols + kWarps - 1) / kWarps), unsigned(batches));
-    auto exact = a.dtype == DType::Q4_0 ? exact_matvec_kernel<DType::Q4_0>
-                                        : exact_matvec_kernel<DType::Q8_0>;
-    exact<<<grid, kWarps * 32, 0, ctx.stream>>>(ap, a.nb[1], a.nb[2], a.nb[3], div2, div3, int(M),
-                                                kCols, K, bf, b.ne[2], op);
-    ctx.check_launch("quantized_matmul");
-    return;
-  }
-  if (launch_staged_for<kCols>(ctx, std::span(&e, 1))) return;
   const int64_t b_blocks = b.elements() / kQBlock;
   auto* bq = static_cast<int8_t*>(ctx.scratch);
   auto* bd = reinterpret_cast<float*>(bq + align_up(size_t(b.elements())));
@@ -759,6 +766,10 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
   if (a.ne[1] > INT32_MAX || a.ne[0] / 64 > INT32_MAX) {
     throw_error(ErrorCode::Unsupported, ctx.state->id + " quantized_matmul",
                 "weights " + shape_string(a) + " exceed the kernel's int32 row range");
+  }
+  if (e.output.desc->elements() < kMinOutputsForInt8) {
+    launch_exact(ctx, e);
+    return;
   }
   if (b.ne[1] <= kMatvecMaxColumns) {
     with_columns(b.ne[1], [&](auto cols) { launch_matvec<cols()>(ctx, e); });
