@@ -41,6 +41,11 @@ struct BlockQ4_0 {
   uint16_t d;                   // float16 scale
   uint8_t qs[kQuantBlock / 2];  // element j in the low nibble of qs[j], element j+16 in the high
 };
+// A product of quantized weights with fewer than this many outputs per matrix (M x N) multiplies
+// f32 activations, not 8-bit ones: with 8-bit activations one dot product of 32 terms carries
+// ~0.4% relative error, which a handful of outputs does not average out (a 1x1 product missed the
+// conformance bound in ~10% of random draws). Such products cost nothing; every backend agrees.
+inline constexpr int64_t kMinOutputsForInt8Activations = 16;
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_0) == 18);
 

@@ -12,11 +12,6 @@ namespace tandem::cpu {
 
 namespace {
 
-// With 8-bit activations one dot product of 32 terms carries ~0.4% relative error, so a
-// product with a handful of outputs can exceed the 5e-4 NMSE bound (measured: 11% of random
-// 1x1 cases). Such products cost nothing, so they take the exact f32 path instead.
-constexpr int64_t kMinOutputsForInt8 = 16;
-
 void exact_matmul_2d(const Kernels& k, DType dtype, const uint8_t* w, size_t wrb, const float* b,
                      float* out, int64_t M, int64_t N, int64_t K) {
   std::vector<float> row(static_cast<size_t>(K));
@@ -88,7 +83,7 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
   const size_t wrb = size_t(a.nb[1]);
   const Kernels& k = ctx.k;
   auto tile = a.dtype == DType::Q4_0 ? k.q4_0_tile : k.q8_0_tile;
-  if (M * N < kMinOutputsForInt8) {
+  if (M * N < kMinOutputsForInt8Activations) {
     for (int64_t i3 = 0; i3 < b.ne[3]; ++i3)
       for (int64_t i2 = 0; i2 < b.ne[2]; ++i2) {
         const int64_t a2 = i2 / (b.ne[2] / a.ne[2]), a3 = i3 / (b.ne[3] / a.ne[3]);

@@ -126,12 +126,8 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
   }
 }
 
-// With 8-bit b one dot product of 32 terms carries ~0.4% relative error, so a product with a
-// handful of outputs can exceed the conformance bound (~10% of random 1x1 products; the CPU backend
-// makes the same exception). Such products cost nothing, so they multiply f32 b (f16 b for the
-// GEMM is closer, still not exact): one warp per output.
-constexpr int64_t kMinOutputsForInt8 = 16;
-
+// Products of fewer than kMinOutputsForInt8Activations outputs (M x N) multiply f32 b: one warp
+// per output.
 template <DType kType>
 __global__ __launch_bounds__(kWarps * 32) void exact_matvec_kernel(
     const uint8_t* a, int64_t row_stride, int64_t a_stride2, int64_t a_stride3, int64_t a_div2,
@@ -149,7 +145,7 @@ __global__ __launch_bounds__(kWarps * 32) void exact_matvec_kernel(
   if (lane == 0) out[z * M * N + o] = acc;
 }
 
-// A product of fewer than kMinOutputsForInt8 outputs, any number of columns.
+// A product of fewer than kMinOutputsForInt8Activations outputs per matrix, any number of columns.
 void launch_exact(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
@@ -212,7 +208,7 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
     throw_error(ErrorCode::Unsupported, ctx.state->id + " quantized_matmul",
                 "weights " + shape_string(a) + " exceed the kernel's int32 row range");
   }
-  if (e.output.desc->elements() < kMinOutputsForInt8) {
+  if (a.ne[1] * b.ne[1] < kMinOutputsForInt8Activations) {
     launch_exact(ctx, e);
     return;
   }
@@ -236,7 +232,7 @@ size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> se
   auto is_matvec = [](const NodeExecution& e) {
     return e.node->op == OpKind::QuantizedMatMul && e.inputs[1].desc->ne[1] >= 1 &&
            e.inputs[1].desc->ne[1] <= kMatvecMaxColumns &&
-           e.output.desc->elements() >= kMinOutputsForInt8;
+           e.inputs[0].desc->ne[1] * e.inputs[1].desc->ne[1] >= kMinOutputsForInt8Activations;
   };
   if (segment.size() < 2 || !is_matvec(segment[0])) return 0;
   const NodeExecution& first = segment[0];
