@@ -56,15 +56,22 @@ __device__ __forceinline__ int keys_seen(int p, int C, int32_t* error_flag) {
 
 // The split handshake: each block has published its partial result; the last of `splits`
 // blocks to arrive at `counter` returns true and then sees every partial. Called by every
-// thread of the block; s_last is a __shared__ flag.
+// thread of the block; s_last is a __shared__ flag. One acquire-release atomic by thread 0
+// orders the block's stores (the barrier before it makes them thread 0's to release) and, in
+// the last block, every other block's (the barrier after it passes them on); a fence in every
+// thread, as before, measured 0.3 us slower per launch.
 __device__ __forceinline__ bool last_to_arrive(uint32_t* counter, int splits, bool& s_last) {
-  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == uint32_t(splits - 1);
+  if (threadIdx.x == 0) {
+    uint32_t old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n"
+                 : "=r"(old)
+                 : "l"(counter)
+                 : "memory");
+    s_last = old == uint32_t(splits - 1);
+  }
   __syncthreads();
-  if (!s_last) return false;
-  __threadfence();
-  return true;
+  return s_last;
 }
 
 // The decode kernel: the scratch it would use for this node (0 when the shape is not its), and

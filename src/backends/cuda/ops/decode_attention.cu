@@ -28,7 +28,7 @@ constexpr int kRowBytes = kDecodeDim * 2;      // one f16 row: 16 chunks of 16 b
 constexpr int kTileBytes = kTileKeys * kRowBytes;
 constexpr int kDecodeSmemBytes = kDecodeWarps * kStages * 2 * kTileBytes;  // 64 KiB
 constexpr int kBlockKeys = kDecodeWarps * kTileKeys;  // keys per round of the block's warps
-constexpr int kDecodeMaxSplits = 32;                  // the combine keeps half of them per thread
+constexpr int kDecodeMaxSplits = 32;                  // a warp lane each in the combine
 constexpr int64_t kDecodeMaxTokens = 8;
 // The warps' sums meet in the ring as [warp][row][dim]; 4 floats of padding a row put the 32
 // lanes' stores of a transposed accumulator entry in distinct banks.
@@ -38,6 +38,7 @@ static_assert(kDecodeThreads == kDecodeHeads * kDecodeDim / 2,
               "the block combine: 2 dims a thread");
 static_assert(kDecodeThreads == kDecodeHeads * (kDecodeDim / 4) * 2,
               "the split combine: 4 dims and half of the splits a thread");
+static_assert(kDecodeMaxSplits == 32, "the split combine: lane i weighs split i");
 static_assert(kDecodeWarps * kDecodeRows * kAccStride * 4 <= kDecodeSmemBytes,
               "the warps' sums fit in the ring");
 static_assert(kDecodeWarps * 2 == kQWords, "the q fragments: warp w builds k16 step w");
@@ -110,7 +111,9 @@ __global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_att
     int splits, int chunk, float* partial, uint32_t* counters, int32_t* error_flag) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ __align__(16) uint32_t s_q[kQWords / 4][32][4];  // [word / 4][lane][word % 4]
+  // q's mma fragments, read from here every tile (held in registers they cost 16 of them, and
+  // the kernel measured 5% slower): [word / 4][lane][word % 4].
+  __shared__ __align__(16) uint32_t s_q[kQWords / 4][32][4];
   __shared__ float s_m[kDecodeWarps][kDecodeHeads], s_l[kDecodeWarps][kDecodeHeads];
   __shared__ bool s_last;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -187,16 +190,6 @@ __global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_att
     *reinterpret_cast<uint2*>(&s_q[warp / 2][lane][2 * (warp % 2)]) = words;
   }
   __syncthreads();
-  uint32_t qa[kDecodeDim / 16][2];
-#pragma unroll
-  for (int j = 0; j < kQWords / 4; ++j) {
-    const uint4 w = *reinterpret_cast<const uint4*>(&s_q[j][lane][0]);
-    qa[2 * j][0] = w.x;
-    qa[2 * j][1] = w.y;
-    qa[2 * j + 1][0] = w.z;
-    qa[2 * j + 1][1] = w.w;
-  }
-
   // O^T: acc[n] holds dims 16n + row (entries 0, 1) and 16n + 8 + row (entries 2, 3) of rows
   // 2 * t4 + {0, 1}, i.e. of heads (2 * t4) % 4 + {0, 1}, whose corrections sit in lanes 4 * head.
   float acc[kDecodeDim / 16][4];
@@ -219,8 +212,9 @@ __global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_att
     for (int pair = 0; pair < kDecodeDim / 32; ++pair) {
       uint32_t b[4];
       load_matrices<false>(k_tile + matrix_row(pair), b);
-      mma_k16(s_even, qa[2 * pair][0], qa[2 * pair][1], b[0], b[1]);
-      mma_k16(s_odd, qa[2 * pair + 1][0], qa[2 * pair + 1][1], b[2], b[3]);
+      const uint4 w = *reinterpret_cast<const uint4*>(&s_q[pair][lane][0]);
+      mma_k16(s_even, w.x, w.y, b[0], b[1]);
+      mma_k16(s_odd, w.z, w.w, b[2], b[3]);
     }
     // Lane holds head row_head's scores of keys 2 * t4 + {0, 1}: high rows plus low rows.
     float s0 = s_even[0] + s_odd[0], s1 = s_even[1] + s_odd[1];
@@ -324,34 +318,37 @@ __global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_att
   if (g >= n_heads) return;  // whole warps: 64 threads a head
   const int c = threadIdx.x % (kDecodeDim / 2) / 2, parity = threadIdx.x % 2;
   const float* parts = partial + (int64_t(t) * Hq + h0 + g) * splits * kStride;
-  float2 ml[kDecodeMaxSplits / 2];
+  // Lane i weighs split i (the warp's 32 lanes cover kDecodeMaxSplits); a thread then sums
+  // its splits' accumulators, every load in flight at once.
+  const float2 ml =
+      threadIdx.x % 32 < splits
+          ? __ldcg(reinterpret_cast<const float2*>(parts + (threadIdx.x % 32) * kStride))
+          : make_float2(-INFINITY, 0.0f);
   float4 a[kDecodeMaxSplits / 2];
 #pragma unroll
   for (int i = 0; i < kDecodeMaxSplits / 2; ++i) {
     const int sp = 2 * i + parity;
-    ml[i] = make_float2(-INFINITY, 0.0f);
-    a[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (sp < splits) {
-      ml[i] = __ldcg(reinterpret_cast<const float2*>(parts + sp * kStride));
-      a[i] = __ldcg(reinterpret_cast<const float4*>(parts + sp * kStride + kPartialHeader + 4 * c));
-    }
+    a[i] =
+        sp < splits
+            ? __ldcg(reinterpret_cast<const float4*>(parts + sp * kStride + kPartialHeader + 4 * c))
+            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  float mx = -INFINITY;
+  float mx = ml.x;
 #pragma unroll
-  for (int i = 0; i < kDecodeMaxSplits / 2; ++i) mx = fmaxf(mx, ml[i].x);
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  float L = 0.0f;
+  for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const float f = mx == -INFINITY ? 0.0f : exp2f(ml.x - mx);
+  float L = ml.y * f;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) L += __shfl_xor_sync(0xffffffffu, L, o);
   float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
   for (int i = 0; i < kDecodeMaxSplits / 2; ++i) {
-    const float f = mx == -INFINITY ? 0.0f : exp2f(ml[i].x - mx);
-    L += ml[i].y * f;
-    A.x += a[i].x * f;
-    A.y += a[i].y * f;
-    A.z += a[i].z * f;
-    A.w += a[i].w * f;
+    const float fi = __shfl_sync(0xffffffffu, f, 2 * i + parity);
+    A.x += a[i].x * fi;
+    A.y += a[i].y * fi;
+    A.z += a[i].z * fi;
+    A.w += a[i].w * fi;
   }
-  L += __shfl_xor_sync(0xffffffffu, L, 1);
   A.x += __shfl_xor_sync(0xffffffffu, A.x, 1);
   A.y += __shfl_xor_sync(0xffffffffu, A.y, 1);
   A.z += __shfl_xor_sync(0xffffffffu, A.z, 1);
