@@ -9,7 +9,8 @@
 
 namespace tandem::cuda {
 
-// A split's partial result in scratch: m, l, two pad floats (keep acc 16-byte aligned), acc[D].
+// A split's partial result in scratch: m, l, two pad floats (keep acc 16-byte aligned), acc[D]
+// (f32 in the general kernel; the decode kernel keeps acc / l in f16, in the same scratch).
 inline constexpr int kPartialHeader = 4;
 
 // Blocks: (kv head x group_slices) x splits x tokens; a split covers `chunk` cache positions.
