@@ -50,14 +50,19 @@ constexpr int kStagedMinBlocks = kCols <= 2 ? 2 : 1;  // CTAs per SM the registe
 // on their SM ran 0.2-0.8 us faster (bench/NOTES.md, session 6).
 template <int kCols, int kStages>
 constexpr int kStagedLaunchBlocks = kStages == kSoloStages ? 1 : kStagedMinBlocks<kCols>;
-// Tiles fetched before the wait for the preceding kernel; the rest follow b's first loads.
-// b's loads queue behind the copies in flight: the one-column Q4_0 kernel alone on its SM (rows of
-// 14336) measured fastest sending two of its four first (1, 3 or all four, or a sixth stage, were
-// slower); Q8_0 measured fastest with all four.
+// Tiles fetched before the wait for the preceding kernel (kEarly); the rest follow b's first
+// loads. b's loads queue behind the copies in flight: the one-column Q4_0 kernel alone on its SM
+// (rows of 14336) measured fastest sending two of its four first (1, 3 or all four, or a sixth
+// stage, were slower); Q8_0 measured fastest with all four. The one-column Q4_0 kernel sharing its
+// SM sends one of its two when its CTA has more than kLongTiles tiles (the next launch's early
+// fetches then slow this one's stream less): 4096x14336 (7 tiles) 14.73 -> 14.36 us; with fewer
+// it sends both (4096x4096, 2 tiles: 7.25 us, 7.37 with one; q/k/v, 3 tiles: no change; H100).
 template <DType kType, int kCols, int kStages>
 constexpr int kPreIssue = (kStages == kSoloStages && kType == DType::Q4_0 && kCols == 1)
                               ? 2
                               : kStages - 1;
+constexpr int kLongTiles = 4;
+constexpr int kLongPreIssue = 1;
 
 template <DType kType>
 struct GroupFormat {
@@ -223,7 +228,7 @@ __device__ __forceinline__ int part_of(const MatvecParts& parts, int r) {
 }
 
 // Row split: CTA c of G takes rows_q + (c < rows_r) rows (rows_q = M / G, rows_r = M % G).
-template <DType kType, int kCols, int kStages, bool kRegB>
+template <DType kType, int kCols, int kStages, bool kRegB, int kEarly>
 __global__
 __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void staged_matvec_kernel(
     MatvecParts parts, int64_t a_stride2, int64_t a_stride3, int a_div2, int a_div3, int b_ne2,
@@ -296,7 +301,6 @@ __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void stag
         fetch_dst == s_stage + (kStages - 1) * stage_bytes ? s_stage : fetch_dst + stage_bytes;
     cp_async_commit();  // possibly empty: keeps the group count uniform
   };
-  constexpr int kEarly = kPreIssue<kType, kCols, kStages>;
 #pragma unroll
   for (int s = 0; s < kEarly; ++s) issue();
   grid_launch_dependents();
@@ -549,12 +553,22 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
   };
   // b in registers: one column, and a thread's group of b the same in every tile.
   const bool reg_b = kCols == 1 && l.rows > 1;
+  if constexpr (kType == DType::Q4_0 && kCols == 1) {
+    const int64_t ctas = std::min<int64_t>(ctx.sm_count, M);
+    if (pair && M > int64_t(kLongTiles) * l.rows * ctas) {
+      reg_b ? launch(staged_matvec_kernel<kType, kCols, kPairStages, true, kLongPreIssue>)
+            : launch(staged_matvec_kernel<kType, kCols, kPairStages, false, kLongPreIssue>);
+      return true;
+    }
+  }
+  constexpr int kPairEarly = kPreIssue<kType, kCols, kPairStages>;
+  constexpr int kSoloEarly = kPreIssue<kType, kCols, kSoloStages>;
   if (pair) {
-    reg_b ? launch(staged_matvec_kernel<kType, kCols, kPairStages, kCols == 1>)
-          : launch(staged_matvec_kernel<kType, kCols, kPairStages, false>);
+    reg_b ? launch(staged_matvec_kernel<kType, kCols, kPairStages, kCols == 1, kPairEarly>)
+          : launch(staged_matvec_kernel<kType, kCols, kPairStages, false, kPairEarly>);
   } else {
-    reg_b ? launch(staged_matvec_kernel<kType, kCols, kSoloStages, kCols == 1>)
-          : launch(staged_matvec_kernel<kType, kCols, kSoloStages, false>);
+    reg_b ? launch(staged_matvec_kernel<kType, kCols, kSoloStages, kCols == 1, kSoloEarly>)
+          : launch(staged_matvec_kernel<kType, kCols, kSoloStages, false, kSoloEarly>);
   }
   return true;
 }
