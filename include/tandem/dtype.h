@@ -46,6 +46,10 @@ struct BlockQ4_0 {
 // ~0.4% relative error, which a handful of outputs does not average out (a 1x1 product missed the
 // conformance bound in ~10% of random draws). Such products cost nothing; every backend agrees.
 inline constexpr int64_t kMinOutputsForInt8Activations = 16;
+// Whether an M x N product of quantized weights may round its activations to 8 bits.
+inline constexpr bool int8_activations(int64_t M, int64_t N) {
+  return M * N >= kMinOutputsForInt8Activations;
+}
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_0) == 18);
 

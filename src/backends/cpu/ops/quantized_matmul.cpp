@@ -83,7 +83,7 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
   const size_t wrb = size_t(a.nb[1]);
   const Kernels& k = ctx.k;
   auto tile = a.dtype == DType::Q4_0 ? k.q4_0_tile : k.q8_0_tile;
-  if (M * N < kMinOutputsForInt8Activations) {
+  if (!int8_activations(M, N)) {
     for (int64_t i3 = 0; i3 < b.ne[3]; ++i3)
       for (int64_t i2 = 0; i2 < b.ne[2]; ++i2) {
         const int64_t a2 = i2 / (b.ne[2] / a.ne[2]), a3 = i3 / (b.ne[3] / a.ne[3]);

@@ -208,7 +208,7 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
     throw_error(ErrorCode::Unsupported, ctx.state->id + " quantized_matmul",
                 "weights " + shape_string(a) + " exceed the kernel's int32 row range");
   }
-  if (a.ne[1] * b.ne[1] < kMinOutputsForInt8Activations) {
+  if (!int8_activations(a.ne[1], b.ne[1])) {
     launch_exact(ctx, e);
     return;
   }
@@ -232,7 +232,7 @@ size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> se
   auto is_matvec = [](const NodeExecution& e) {
     return e.node->op == OpKind::QuantizedMatMul && e.inputs[1].desc->ne[1] >= 1 &&
            e.inputs[1].desc->ne[1] <= kMatvecMaxColumns &&
-           e.inputs[0].desc->ne[1] * e.inputs[1].desc->ne[1] >= kMinOutputsForInt8Activations;
+           int8_activations(e.inputs[0].desc->ne[1], e.inputs[1].desc->ne[1]);
   };
   if (segment.size() < 2 || !is_matvec(segment[0])) return 0;
   const NodeExecution& first = segment[0];
