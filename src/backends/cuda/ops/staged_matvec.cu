@@ -54,15 +54,16 @@ constexpr int kStagedLaunchBlocks = kStages == kSoloStages ? 1 : kStagedMinBlock
 // loads. b's loads queue behind the copies in flight: the one-column Q4_0 kernel alone on its SM
 // (rows of 14336) measured fastest sending two of its four first (1, 3 or all four, or a sixth
 // stage, were slower); Q8_0 measured fastest with all four. The one-column Q4_0 kernel sharing its
-// SM sends one of its two when its CTA has more than kLongTiles tiles (the next launch's early
-// fetches then slow this one's stream less): 4096x14336 (7 tiles) 14.73 -> 14.36 us; with fewer
-// it sends both (4096x4096, 2 tiles: 7.25 us, 7.37 with one; q/k/v, 3 tiles: no change; H100).
-template <DType kType, int kCols, int kStages>
-constexpr int kPreIssue = (kStages == kSoloStages && kType == DType::Q4_0 && kCols == 1)
-                              ? 2
-                              : kStages - 1;
+// SM sends one of its two when its CTA has more than kLongTiles tiles (kLongRows; the next launch's
+// early fetches then slow this one's stream less): 4096x14336 (7 tiles) 14.73 -> 14.36 us; with
+// fewer it sends both (4096x4096, 2 tiles: 7.25 us, 7.37 with one; q/k/v, 3 tiles: no change;
+// H100).
+template <DType kType, int kCols, int kStages, bool kLongRows>
+constexpr int kPreIssue = kType != DType::Q4_0 || kCols != 1 ? kStages - 1
+                          : kStages == kSoloStages           ? 2
+                          : kLongRows                        ? 1
+                                                             : kStages - 1;
 constexpr int kLongTiles = 4;
-constexpr int kLongPreIssue = 1;
 
 template <DType kType>
 struct GroupFormat {
@@ -357,6 +358,10 @@ __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void stag
     }
   };
   int t_next = tid;
+  auto quantize_items = [&](int t0, const float4(&x)[2][4]) {
+    if (t0 < items) quantize(t0, x[0]);
+    if (t0 + threads < items) quantize(t0 + threads, x[1]);
+  };
   if constexpr (kEarly < kStages - 1) {
     // The ring's other first tiles go out right after this thread's first loads of b, so they
     // queue behind b, not b behind them (Q4_0 14336x4096: 15.50 -> 15.37 us, H100).
@@ -364,15 +369,13 @@ __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void stag
     load_items(tid, x);
 #pragma unroll
     for (int s = kEarly; s < kStages - 1; ++s) issue();
-    if (tid < items) quantize(tid, x[0]);
-    if (tid + threads < items) quantize(tid + threads, x[1]);
+    quantize_items(tid, x);
     t_next += 2 * threads;
   }
   for (int t0 = t_next; t0 < items; t0 += 2 * threads) {
     float4 x[2][4];
     load_items(t0, x);
-    quantize(t0, x[0]);
-    if (t0 + threads < items) quantize(t0 + threads, x[1]);
+    quantize_items(t0, x);
   }
 
   // Lanes 2i and 2i + 1 take the two halves of group slot 16 * warp + i: the 8-byte shared loads
@@ -537,12 +540,12 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
     l = staged_layout<kType>(K, kCols, ctx.smem_optin, kSoloStages);
   }
   if (l.total > ctx.smem_optin) return false;
+  // One CTA per SM: a second would leave the next kernel no room.
+  const int64_t ctas = std::min<int64_t>(ctx.sm_count, M);
   auto launch = [&](auto kernel) {
     ctx.check(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)),
         "quantized_matmul", "cudaFuncSetAttribute");
-    // One CTA per SM: a second would leave the next kernel no room.
-    const int64_t ctas = std::min<int64_t>(ctx.sm_count, M);
     ctx.check(launch_programmatic(ctx.stream, dim3(unsigned(ctas), unsigned(b.ne[2] * b.ne[3])),
                                   dim3(unsigned(l.threads)), l.total, kernel, parts,
                                   int64_t(a0.nb[2]), int64_t(a0.nb[3]), int(b.ne[2] / a0.ne[2]),
@@ -553,22 +556,21 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
   };
   // b in registers: one column, and a thread's group of b the same in every tile.
   const bool reg_b = kCols == 1 && l.rows > 1;
-  if constexpr (kType == DType::Q4_0 && kCols == 1) {
-    const int64_t ctas = std::min<int64_t>(ctx.sm_count, M);
-    if (pair && M > int64_t(kLongTiles) * l.rows * ctas) {
-      reg_b ? launch(staged_matvec_kernel<kType, kCols, kPairStages, true, kLongPreIssue>)
-            : launch(staged_matvec_kernel<kType, kCols, kPairStages, false, kLongPreIssue>);
-      return true;
-    }
-  }
-  constexpr int kPairEarly = kPreIssue<kType, kCols, kPairStages>;
-  constexpr int kSoloEarly = kPreIssue<kType, kCols, kSoloStages>;
-  if (pair) {
-    reg_b ? launch(staged_matvec_kernel<kType, kCols, kPairStages, kCols == 1, kPairEarly>)
-          : launch(staged_matvec_kernel<kType, kCols, kPairStages, false, kPairEarly>);
+  auto launch_ring = [&](auto stages, auto long_rows) {
+    constexpr int kStages = decltype(stages)::value;
+    constexpr int kEarly = kPreIssue<kType, kCols, kStages, decltype(long_rows)::value>;
+    reg_b ? launch(staged_matvec_kernel<kType, kCols, kStages, kCols == 1, kEarly>)
+          : launch(staged_matvec_kernel<kType, kCols, kStages, false, kEarly>);
+  };
+  using Pair = std::integral_constant<int, kPairStages>;
+  using Solo = std::integral_constant<int, kSoloStages>;
+  const bool long_rows = M > int64_t(kLongTiles) * l.rows * ctas;  // per CTA, in tiles
+  if (!pair) {
+    launch_ring(Solo{}, std::false_type{});
+  } else if (long_rows) {  // the same kernel as below but for one-column Q4_0
+    launch_ring(Pair{}, std::true_type{});
   } else {
-    reg_b ? launch(staged_matvec_kernel<kType, kCols, kSoloStages, kCols == 1, kSoloEarly>)
-          : launch(staged_matvec_kernel<kType, kCols, kSoloStages, false, kSoloEarly>);
+    launch_ring(Pair{}, std::false_type{});
   }
   return true;
 }
