@@ -328,7 +328,7 @@ __global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_att
   const int c = threadIdx.x % (kDecodeDim / 2) / 2, parity = threadIdx.x % 2;
   const float* parts = partial + (int64_t(t) * Hq + h0 + g) * splits * kHalfStride;
   // Lane i weighs split i, l_i 2^(m_i - m) (the warp's 32 lanes cover kDecodeMaxSplits); a
-  // thread then sums its splits' normalised sums, every load in flight at once.
+  // thread then sums its splits' normalised sums.
   const float2 ml =
       threadIdx.x % 32 < splits
           ? __ldcg(reinterpret_cast<const float2*>(parts + (threadIdx.x % 32) * kHalfStride))
