@@ -142,6 +142,25 @@ __device__ __forceinline__ void grid_launch_dependents() {
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
+// cp.async (sm_80+): 16 bytes global -> shared, bypassing L1, in the group the next commit closes;
+// with `valid` false the 16 bytes are zero-filled and nothing is read.
+__device__ __forceinline__ void copy_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void copy_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most kPending committed groups of this thread's copies are still in flight.
+template <int kPending>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // Launches `kernel` as a programmatic dependent of the stream's previous kernel: it may start
 // while that one drains, and must call grid_dependency_wait() before reading what it writes.
 template <typename... Params, typename... Args>

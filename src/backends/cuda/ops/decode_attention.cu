@@ -47,20 +47,6 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes global -> shared, bypassing L1; a false `valid` zero-fills and reads nothing.
-__device__ __forceinline__ void copy_async_16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void copy_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 // Four 8x8 f16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
 template <bool kTranspose>
 __device__ __forceinline__ void load_matrices(uint32_t address, uint32_t (&r)[4]) {

@@ -73,14 +73,6 @@ struct GroupFormat {
   static constexpr int kHalfWords = kHalfBytes / 4;
 };
 
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 struct StagedLayout {
   int gpr;                                // groups per row (K / 256)
   int rows;                               // rows per tile
@@ -291,16 +283,14 @@ __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void stag
       const int bytes = nr * row_bytes;
 #pragma unroll 4
       for (int off = tid * 16; off < bytes; off += threads * 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(fetch_dst + off),
-                     "l"(fetch_src + off)
-                     : "memory");
+        copy_async_16(fetch_dst + off, fetch_src + off);
       }
       fetch_src += bytes;
       fetch.row += nr;
     }
     fetch_dst =
         fetch_dst == s_stage + (kStages - 1) * stage_bytes ? s_stage : fetch_dst + stage_bytes;
-    cp_async_commit();  // possibly empty: keeps the group count uniform
+    copy_async_commit();  // possibly empty: keeps the group count uniform
   };
 #pragma unroll
   for (int s = 0; s < kEarly; ++s) issue();
@@ -438,7 +428,7 @@ __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void stag
   for (;;) {
     const int nr = next_rows(cur);
     if (nr <= 0) break;
-    cp_async_wait<kStages - 2>();
+    copy_async_wait<kStages - 2>();
     // This tile (and, the first time, b) is visible to every thread; every thread is done with
     // the previous tile, so its slot may be refilled and its partials summed.
     __syncthreads();
@@ -495,7 +485,7 @@ __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void stag
   __syncthreads();
   if (prev_rows > 0)
     write_rows(prev_out, prev_part_rows, prev_rows, s_red + (buf ^ 1) * red_stride);
-  cp_async_wait<0>();  // no copy may outlive the CTA (the trailing groups are empty)
+  copy_async_wait<0>();  // no copy may outlive the CTA (the trailing groups are empty)
 }
 
 // Launches the staged kernel for one node, or for several that share b (one part each), when
