@@ -292,13 +292,12 @@ __global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_att
       A1 += (high.y + low_part.y) * f;
     }
     const int64_t h = h0 + g;
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
     if (splits == 1) {
-      const float inv = L > 0.0f ? 1.0f / L : 0.0f;
       *reinterpret_cast<float2*>(out + (int64_t(t) * Hq + h) * kDecodeDim + d) =
           make_float2(A0 * inv, A1 * inv);
     } else {
       float* part = partial + ((int64_t(t) * Hq + h) * splits + split) * kHalfStride;
-      const float inv = L > 0.0f ? 1.0f / L : 0.0f;
       *reinterpret_cast<__half2*>(part + kPartialHeader + d / 2) =
           __floats2half2_rn(A0 * inv, A1 * inv);
       if (d == 0) *reinterpret_cast<float2*>(part) = make_float2(mx, L);
@@ -315,10 +314,9 @@ __global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_att
   const float* parts = partial + (int64_t(t) * Hq + h0 + g) * splits * kHalfStride;
   // Lane i weighs split i, l_i 2^(m_i - m) (the warp's 32 lanes cover kDecodeMaxSplits); a
   // thread then sums its splits' normalised sums.
-  const float2 ml =
-      threadIdx.x % 32 < splits
-          ? __ldcg(reinterpret_cast<const float2*>(parts + (threadIdx.x % 32) * kHalfStride))
-          : make_float2(-INFINITY, 0.0f);
+  const float2 ml = lane < splits
+                        ? __ldcg(reinterpret_cast<const float2*>(parts + lane * kHalfStride))
+                        : make_float2(-INFINITY, 0.0f);
   uint2 a[kDecodeMaxSplits / 2];
 #pragma unroll
   for (int i = 0; i < kDecodeMaxSplits / 2; ++i) {
