@@ -8,9 +8,15 @@
 // rows as give each thread of the CTA one half group, so a thread meets the same part of b in
 // every tile: with one column (decode) it reads that part (4 blocks: 128 quants and 4 scale
 // pairs, 40 registers) from shared memory once, not per tile (kRegB), which halves the shared
-// memory traffic of Q4_0's loop (its b bytes outnumber its weight bytes two to one). One barrier
-// per tile: a warp sums its lanes row by row with shuffles, and the row sums of tile t are
-// written while tile t + 1 is multiplied (two partial buffers).
+// memory traffic of Q4_0's loop (its b bytes outnumber its weight bytes two to one).
+//
+// No barrier per tile: each warp copies the part of every tile its own lanes multiply (16 groups
+// from warp * 16 on) and waits for its own copies (cp.async.wait_group, then a warp barrier), so
+// the warps drift apart and one's shared loads, dp4a and shuffles overlap another's instead of
+// all taking turns at each step (Q4_0 14336x4096: 15.4 -> 14.3 us, H100). A warp sums its lanes
+// row by row with shuffles into a tile's partial buffer; the CTA meets only when the partial
+// buffers of up to kMaxRedTiles tiles are full (for most shapes: once, at the end), and then
+// adds them into row sums.
 //
 // The kernel is launched as a programmatic dependent of the previous kernel: it fetches weights
 // (which no kernel writes) and pulls b's lines into the L2 (fetching is not reading: the L2 is
@@ -78,26 +84,42 @@ struct StagedLayout {
   int rows;                               // rows per tile
   int threads;                            // threads per CTA: two per group of a full tile
   int stage_bytes;                        // rows * row bytes
-  size_t b_scale, reduce, stages, total;  // shared-memory offsets (b quants at 0) and size
+  int red_tiles;                          // tiles whose row partials one set of buffers holds
+  size_t b_scale, stages, reduce, total;  // shared-memory offsets (b quants at 0) and size
 };
 
-// The tiles as large as `budget` bytes of shared memory allow (at most kStageTargetBytes);
-// total > budget when not even one row per tile fits.
+// Where a tile's row sums go, left by thread 0 for the flush that writes them.
+struct TileOut {
+  float* out;
+  int part_rows, rows;
+};
+constexpr int kMaxRedTiles = 16;
+
+// The tiles as large as `budget` bytes of shared memory allow (at most kStageTargetBytes), then
+// partial buffers for as many tiles as the rest holds (at least one; at most kMaxRedTiles or the
+// tiles of a CTA of cta_rows rows in `parts` matrices); total > budget when not even one row per
+// tile fits.
 template <DType kType>
-StagedLayout staged_layout(int64_t K, int cols, size_t budget, int ring) {
+StagedLayout staged_layout(int64_t K, int cols, size_t budget, int ring, int64_t cta_rows,
+                           int parts) {
   StagedLayout l{};
   l.gpr = int(K / kGroupElems);
   const int row_bytes = l.gpr * GroupFormat<kType>::kBytes;
   l.b_scale = size_t(cols) * size_t(l.gpr) * kBGroupBytes;
-  l.reduce = l.b_scale + size_t(cols) * size_t(l.gpr) * kBScaleBytes;
-  // Two partial buffers of one float per column and group slot (threads / 2 slots).
-  l.stages = l.reduce + size_t(cols) * kStagedThreads * sizeof(float);
-  const size_t room = budget > l.stages ? (budget - l.stages) / ring : 0;
+  l.stages = l.b_scale + size_t(cols) * size_t(l.gpr) * kBScaleBytes;
+  // Two sets of one tile's partials (one float per column and group slot) and their TileOuts.
+  const size_t red_min = 2 * (size_t(cols) * kMaxTileGroups * sizeof(float) + sizeof(TileOut));
+  const size_t room = budget > l.stages + red_min ? (budget - l.stages - red_min) / ring : 0;
   const int stage_cap = int(std::min<size_t>(kStageTargetBytes, room));
   l.rows = std::max(1, std::min(kMaxTileGroups / l.gpr, stage_cap / row_bytes));
   l.threads = std::min(kStagedThreads, (2 * l.rows * l.gpr + 31) / 32 * 32);
   l.stage_bytes = l.rows * row_bytes;
-  l.total = l.stages + size_t(ring) * size_t(l.stage_bytes);
+  l.reduce = l.stages + size_t(ring) * size_t(l.stage_bytes);
+  const size_t tile_bytes = 2 * (size_t(cols) * (l.threads / 2) * sizeof(float) + sizeof(TileOut));
+  const int64_t cta_tiles = (cta_rows + l.rows - 1) / l.rows + parts - 1;  // parts split tiles
+  l.red_tiles = int(std::clamp<size_t>(budget > l.reduce ? (budget - l.reduce) / tile_bytes : 0, 1,
+                                       size_t(std::min<int64_t>(kMaxRedTiles, cta_tiles))));
+  l.total = l.reduce + size_t(l.red_tiles) * tile_bytes;
   return l;
 }
 
@@ -225,14 +247,16 @@ template <DType kType, int kCols, int kStages, bool kRegB, int kEarly>
 __global__
 __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void staged_matvec_kernel(
     MatvecParts parts, int64_t a_stride2, int64_t a_stride3, int a_div2, int a_div3, int b_ne2,
-    int rows_q, int rows_r, int gpr, int tile_rows, int stage_bytes, uint32_t off_scale,
-    uint32_t off_reduce, uint32_t off_stages, const float* b) {
+    int rows_q, int rows_r, int gpr, int tile_rows, int stage_bytes, int red_tiles,
+    uint32_t off_scale, uint32_t off_stages, uint32_t off_reduce, const float* b) {
   using F = GroupFormat<kType>;
   constexpr bool kQ4 = kType == DType::Q4_0;
   extern __shared__ __align__(16) uint8_t smem[];
   int8_t* s_bq = reinterpret_cast<int8_t*>(smem);
   float2* s_bs = reinterpret_cast<float2*>(smem + off_scale);
-  float* s_red = reinterpret_cast<float*>(smem + off_reduce);
+  // Two sets of red_tiles tiles' row partials, each with its tiles' TileOuts.
+  TileOut* s_out = reinterpret_cast<TileOut*>(smem + off_reduce);
+  float* s_red = reinterpret_cast<float*>(s_out + 2 * red_tiles);
   const uint32_t s_stage = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + off_stages;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int threads = blockDim.x, warps = threads / 32, tile_groups = threads / 2;
@@ -280,12 +304,17 @@ __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void stag
         fetch_src =
             pick(parts.a, fetch.part) + a_batch + int64_t(fetch.row - fetch.part_begin) * row_bytes;
       }
-      const int bytes = nr * row_bytes;
+      // This warp's share: the groups its lanes multiply (16 from warp * 16 on, every
+      // tile_groups), so no other warp reads what it copies and a warp barrier suffices.
+      const int groups = nr * gpr;
+      for (int g0 = warp * 16; g0 < groups; g0 += tile_groups) {
+        const int bytes = min(16, groups - g0) * F::kBytes, base = g0 * F::kBytes;
 #pragma unroll 4
-      for (int off = tid * 16; off < bytes; off += threads * 16) {
-        copy_async_16(fetch_dst + off, fetch_src + off);
+        for (int off = base + lane * 16; off < base + bytes; off += 32 * 16) {
+          copy_async_16(fetch_dst + off, fetch_src + off);
+        }
       }
-      fetch_src += bytes;
+      fetch_src += nr * row_bytes;
       fetch.row += nr;
     }
     fetch_dst =
@@ -383,8 +412,8 @@ __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void stag
   // tile: its quants and scales are read from shared memory once, into registers (kRegB).
   int4 b_lo[kRegB ? kHalfBlocks : 1], b_hi[kRegB ? kHalfBlocks : 1];
   float2 b_s[kRegB ? kHalfBlocks : 1];
+  __syncthreads();  // b is quantized
   if constexpr (kRegB) {
-    __syncthreads();  // b is quantized
     const int8_t* bq = b_quants(my_column);
     const float2* bs = b_scales(my_column);
 #pragma unroll
@@ -403,11 +432,20 @@ __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void stag
   const int row_last = tile_rows == 1 ? warp_last : min(warp_last, (my_row + 1) * gpr - 1);
   const int seg_last_lane = 2 * (row_last - warp * 16) + 1;
   const bool seg_head = half == 0 && (lane == 0 || row_of(my_group - 1) != my_row);
-  const int red_stride = kCols * tile_groups;  // floats per partial buffer
-  auto write_rows = [&](float* out, int part_rows, int nr, const float* red) {
-    for (int i = tid; i < nr * kCols; i += threads) {
-      const int c = i / nr, rr = i % nr;
-      const float* r = red + c * tile_groups;
+  const int red_stride = kCols * tile_groups;  // floats per tile's partials
+  // Row sums of the filled tiles of the current set: a barrier (every warp is done with them),
+  // then a thread per row and column adds its partials.
+  int set = 0, filled = 0;
+  auto flush = [&] {
+    __syncthreads();
+    const TileOut* to = s_out + set * red_tiles;
+    const float* red = s_red + set * red_tiles * red_stride;
+    const int per_tile = tile_rows * kCols;
+    for (int i = tid; i < filled * per_tile; i += threads) {
+      const int t = i / per_tile, c = i % per_tile / tile_rows, rr = i % tile_rows;
+      const TileOut o = to[t];
+      if (rr >= o.rows) continue;
+      const float* r = red + t * red_stride + c * tile_groups;
       float v;
       if (tile_rows == 1) {
         v = r[0];
@@ -417,24 +455,22 @@ __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void stag
         v = r[s0];
         for (int s = (s0 / 16 + 1) * 16; s < s1; s += 16) v += r[s];
       }
-      out[int64_t(c) * part_rows + rr] = v;
+      o.out[int64_t(c) * o.part_rows + rr] = v;
     }
+    set ^= 1;
+    filled = 0;
   };
 
   Cursor cur{row_begin, row_begin, 0, 0};
-  float* prev_out = nullptr;
-  int prev_part_rows = 0, prev_rows = 0, buf = 0;
   int slot = 0;  // byte offset of this tile's slot in the ring
   for (;;) {
     const int nr = next_rows(cur);
     if (nr <= 0) break;
     copy_async_wait<kStages - 2>();
-    // This tile (and, the first time, b) is visible to every thread; every thread is done with
-    // the previous tile, so its slot may be refilled and its partials summed.
-    __syncthreads();
+    // This warp's share of the tile is visible to its lanes, and they are done with the
+    // previous tile, so its slot may be refilled.
+    __syncwarp();
     issue();
-    if (prev_rows > 0)
-      write_rows(prev_out, prev_part_rows, prev_rows, s_red + (buf ^ 1) * red_stride);
 
     float acc[kCols];
 #pragma unroll
@@ -463,7 +499,7 @@ __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void stag
         half_group_block<kType, 3, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
       }
     }
-    float* red = s_red + buf * red_stride;
+    float* red = s_red + (set * red_tiles + filled) * red_stride;
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       float v = acc[c] + __shfl_xor_sync(0xffffffffu, acc[c], 1);
@@ -474,17 +510,17 @@ __launch_bounds__(kStagedThreads, kStagedLaunchBlocks<kCols, kStages>) void stag
       }
       if (seg_head) red[c * tile_groups + my_group] = v;
     }
-    prev_part_rows = pick(parts.row_start, cur.part + 1) - cur.part_begin;
-    prev_out = pick(parts.out, cur.part) + int64_t(z) * prev_part_rows * kCols +
-               (cur.row - cur.part_begin);
-    prev_rows = nr;
+    if (tid == 0) {
+      const int part_rows = pick(parts.row_start, cur.part + 1) - cur.part_begin;
+      s_out[set * red_tiles + filled] = {
+          pick(parts.out, cur.part) + int64_t(z) * part_rows * kCols + (cur.row - cur.part_begin),
+          part_rows, nr};
+    }
     cur.row += nr;
     slot = slot == (kStages - 1) * stage_bytes ? 0 : slot + stage_bytes;
-    buf ^= 1;
+    if (++filled == red_tiles) flush();
   }
-  __syncthreads();
-  if (prev_rows > 0)
-    write_rows(prev_out, prev_part_rows, prev_rows, s_red + (buf ^ 1) * red_stride);
+  if (filled > 0) flush();
   copy_async_wait<0>();  // no copy may outlive the CTA (the trailing groups are empty)
 }
 
@@ -520,18 +556,19 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
     parts.row_start[i + 1] = int(parts.row_start[i] + a.ne[1]);
   }
   const int64_t M = parts.row_start[parts.count];
+  // One CTA per SM: a second would leave the next kernel no room.
+  const int64_t ctas = std::min<int64_t>(ctx.sm_count, M), cta_rows = (M + ctas - 1) / ctas;
   // Two CTAs per SM (this kernel's and the next one's) only where half an SM's shared memory
   // still holds tiles for 12 warps: with fewer (wide rows, Q8_0) one CTA alone with a deeper ring
   // measured faster (bench/NOTES.md).
   bool pair = kStagedMinBlocks<kCols> >= 2;
-  StagedLayout l = staged_layout<kType>(K, kCols, ctx.smem_pair, kPairStages);
+  StagedLayout l =
+      staged_layout<kType>(K, kCols, ctx.smem_pair, kPairStages, cta_rows, parts.count);
   if (!pair || l.total > ctx.smem_pair || l.threads < 384) {
     pair = false;
-    l = staged_layout<kType>(K, kCols, ctx.smem_optin, kSoloStages);
+    l = staged_layout<kType>(K, kCols, ctx.smem_optin, kSoloStages, cta_rows, parts.count);
   }
   if (l.total > ctx.smem_optin) return false;
-  // One CTA per SM: a second would leave the next kernel no room.
-  const int64_t ctas = std::min<int64_t>(ctx.sm_count, M);
   auto launch = [&](auto kernel) {
     ctx.check(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)),
@@ -540,8 +577,8 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
                                   dim3(unsigned(l.threads)), l.total, kernel, parts,
                                   int64_t(a0.nb[2]), int64_t(a0.nb[3]), int(b.ne[2] / a0.ne[2]),
                                   int(b.ne[3] / a0.ne[3]), int(b.ne[2]), int(M / ctas),
-                                  int(M % ctas), l.gpr, l.rows, l.stage_bytes, uint32_t(l.b_scale),
-                                  uint32_t(l.reduce), uint32_t(l.stages), bp),
+                                  int(M % ctas), l.gpr, l.rows, l.stage_bytes, l.red_tiles,
+                                  uint32_t(l.b_scale), uint32_t(l.stages), uint32_t(l.reduce), bp),
               "quantized_matmul", "launch");
   };
   // b in registers: one column, and a thread's group of b the same in every tile.
