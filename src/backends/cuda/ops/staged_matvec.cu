@@ -115,11 +115,12 @@ StagedLayout staged_layout(int64_t K, int cols, size_t budget, int ring, int64_t
   l.threads = std::min(kStagedThreads, (2 * l.rows * l.gpr + 31) / 32 * 32);
   l.stage_bytes = l.rows * row_bytes;
   l.reduce = l.stages + size_t(ring) * size_t(l.stage_bytes);
-  const size_t tile_bytes = 2 * (size_t(cols) * (l.threads / 2) * sizeof(float) + sizeof(TileOut));
+  // Shared memory per tile of partials: its slot in both sets.
+  const size_t per_tile = 2 * (size_t(cols) * (l.threads / 2) * sizeof(float) + sizeof(TileOut));
   const int64_t cta_tiles = (cta_rows + l.rows - 1) / l.rows + parts - 1;  // parts split tiles
-  l.red_tiles = int(std::clamp<size_t>(budget > l.reduce ? (budget - l.reduce) / tile_bytes : 0, 1,
+  l.red_tiles = int(std::clamp<size_t>(budget > l.reduce ? (budget - l.reduce) / per_tile : 0, 1,
                                        size_t(std::min<int64_t>(kMaxRedTiles, cta_tiles))));
-  l.total = l.reduce + size_t(l.red_tiles) * tile_bytes;
+  l.total = l.reduce + size_t(l.red_tiles) * per_tile;
   return l;
 }
 
