@@ -283,18 +283,18 @@ void BM_MatMulF16(benchmark::State& state) {
 BENCHMARK(BM_MatMulF16)->Args({4096, 14336, 512})->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // Attention over a KV cache: head dim 128, 32 query heads, 8 KV heads; T = range(1) queries
-// at the end of a context of range(0) tokens; cache dtype f16 (range(2) == 16) or f32. A decode
-// case (T = 1) runs range(3) launches in one graph, each over its own cache, as one token's
-// layers do. A graph of n launches measured ~5.5 us + n times the kernel's rate in a long
-// sequence (H100, session 10: 9.37 us a launch with 8, 9.06 with 16, 8.85 with 32); the 5.5 us
-// include the host's submission, which follows the start event, and a first launch with no
-// predecessor to overlap. 32 launches, the layers of Llama-3.1-8B, put the per-launch figure
-// within ~0.2 us of that rate; 8 is kept to compare with earlier sessions.
+// at the end of a context of range(0) tokens; cache dtype f16 (range(2) == 16) or f32; range(3)
+// launches in one graph, each over its own cache, as one token's layers do. A graph of n launches
+// measured ~5.5 us + n times the kernel's rate in a long sequence (H100, session 10: 9.37 us a
+// launch with 8, 9.06 with 16, 8.85 with 32); the 5.5 us include the host's submission, which
+// follows the start event, and a first launch with no predecessor to overlap. 32 launches, the
+// layers of Llama-3.1-8B, put the per-launch figure within ~0.2 us of that rate; 8 is kept to
+// compare with earlier sessions.
 void BM_Attention(benchmark::State& state) {
   REQUIRE_GPU(state);
   const int64_t C = state.range(0), T = state.range(1), D = 128, Hq = 32, Hkv = 8;
   const DType cache = state.range(2) == 16 ? DType::F16 : DType::F32;
-  const int copies = T == 1 ? int(state.range(3)) : 1;
+  const int copies = int(state.range(3));
   TensorId pos = -1;  // set when the graph is built now, not taken from the last call
   DeviceGraph& dg = case_graph(args_key("attention", state, 4), [&] {
     Graph g;
