@@ -285,11 +285,11 @@ BENCHMARK(BM_MatMulF16)->Args({4096, 14336, 512})->UseManualTime()->Unit(benchma
 // Attention over a KV cache: head dim 128, 32 query heads, 8 KV heads; T = range(1) queries
 // at the end of a context of range(0) tokens; cache dtype f16 (range(2) == 16) or f32; range(3)
 // launches in one graph, each over its own cache, as one token's layers do. A graph of n launches
-// measured ~5.5 us + n times the kernel's rate in a long sequence (H100, session 10: 9.37 us a
-// launch with 8, 9.06 with 16, 8.85 with 32); the 5.5 us include the host's submission, which
-// follows the start event, and a first launch with no predecessor to overlap. 32 launches, the
-// layers of Llama-3.1-8B, put the per-launch figure within ~0.2 us of that rate; 8 is kept to
-// compare with earlier sessions.
+// measured ~5.5 us + n times the kernel's rate in a long sequence (H100, 2026-11-22, 2983c92:
+// 9.37 us a launch with 8, 9.06 with 16, 8.85 with 32); the 5.5 us include the host's
+// submission, which follows the start event, and a first launch with no predecessor to overlap.
+// 32 launches, the layers of Llama-3.1-8B, put the per-launch figure within ~0.2 us of that rate;
+// 8 is kept to compare with the figures measured before 2983c92.
 void BM_Attention(benchmark::State& state) {
   REQUIRE_GPU(state);
   const int64_t C = state.range(0), T = state.range(1), D = 128, Hq = 32, Hkv = 8;

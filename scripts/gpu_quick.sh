@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (device tool) in one call: configures Release for sm_90, builds what is
+# Runs on the GPU machine in one go: configures Release for sm_90, builds what is
 # asked, runs tests and benchmarks, writes logs under $OUT and prints a short summary last.
 #   TESTS=<gtest filter>  cuda_test with that filter; TESTS=all: cuda, conformance and llama suites
 #   BENCH=<regex>         cuda_bench --benchmark_filter (MINTIME seconds per case, default 0.2)
@@ -49,7 +49,7 @@ if [ -n "${E2E:-}" ]; then
   $B synth --preset llama-3.1-8b --type q4_0 -o $M/8b.gguf >/dev/null
   timeout 90 $B bench -m $M/1b.gguf --strategy gpu -p 512 -n 128 -r 3 >"$OUT/bench_1b.md" 2>&1
   timeout 90 $B bench -m $M/8b.gguf --strategy gpu -p 512 -n 128 -r 3 >"$OUT/bench_8b.md" 2>&1
-  # Three strategies with 8 layers on the CPU: -n 128 -r 3 outlasted 120 s (session 4).
+  # Three strategies with 8 layers on the CPU: -n 128 -r 3 outlasted 120 s (H100, 2026-11-21).
   timeout 200 $B bench -m $M/8b.gguf -ngl 24 -p 512 -n 64 -r 2 >"$OUT/bench_8b_ngl24.md" 2>&1
   grep -hE "^\| tandem" "$OUT"/bench_*.md | cut -c1-200
 fi

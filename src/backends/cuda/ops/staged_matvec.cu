@@ -53,7 +53,7 @@ template <int kCols>
 constexpr int kStagedMinBlocks = kCols <= 2 ? 2 : 1;  // CTAs per SM the registers allow
 // A CTA alone on its SM (the deeper ring) may use all of the SM's registers: at 64 the one-column
 // Q4_0 kernel spilled once its prologue grew; with them the one-column Q4_0 and Q8_0 kernels alone
-// on their SM ran 0.2-0.8 us faster (bench/NOTES.md, session 6).
+// on their SM ran 0.2-0.8 us faster (aaa9c84, H100, 2026-11-21; bench/NOTES.md).
 template <int kCols, int kStages>
 constexpr int kStagedLaunchBlocks = kStages == kSoloStages ? 1 : kStagedMinBlocks<kCols>;
 // Tiles fetched before the wait for the preceding kernel (kEarly); the rest follow b's first
