@@ -103,6 +103,17 @@ class Backend {
                                uint64_t signature);
   virtual void synchronize() = 0;
 
+  // Streamed weights: a copy into device memory on the device's copy queue, which first waits
+  // for the execution work submitted so far (the destination's previous readers) and then
+  // signals `event` (0 <= event < kStreamEvents). wait_stream_event makes later execution wait
+  // for that signal. The defaults copy in order with execution (copy_from_host; no wait needed).
+  static constexpr int kStreamEvents = 8;
+  virtual void stream_from_host(void* device_dst, const void* host_src, size_t bytes, int event);
+  virtual void wait_stream_event(int event);
+  // Asks the device to page-lock host memory it will stream from (e.g. a mapped model file),
+  // so copies run at full link speed. False where it cannot; streaming then still works.
+  virtual bool register_host_memory(const void* data, size_t bytes);
+
   // Timing around work submitted to this backend: steady clock on CPUs, events on GPUs.
   virtual void timer_start();
   virtual double timer_stop_us();  // synchronizes

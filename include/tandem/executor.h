@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -71,6 +72,8 @@ struct ExecutorStats {
   size_t transfers = 0;       // tensor copies between memories, all runs
   size_t transfer_bytes = 0;  // bytes of those copies
   size_t weight_uploads = 0;  // weights copied to a device (persistent)
+  size_t streamed_weights = 0;  // weight copies streamed from host memory, all runs
+  size_t streamed_bytes = 0;    // bytes of those copies
   size_t kv_migrations = 0;   // KV caches moved between backends
   // The last compiled plan: bytes of all its intermediates and copies, and of the arenas that
   // hold them (smaller: memory is reused after each tensor's last reader).
@@ -93,8 +96,11 @@ class HybridExecutor {
   void bind_weight(std::string name, const void* data, size_t bytes);
   // Uploads a bound weight to a backend now (no-op where resident or host memory).
   void preload_weight(std::string_view name, std::string_view backend_id);
-  // Uploads every weight and allocates every KV cache the placement needs (the first run's work).
-  void preload(const Graph& graph, const Placement& placement);
+  // Uploads every weight the placement keeps on a device and allocates every KV cache it needs
+  // (the first run's work), reporting uploaded bytes as it goes. Streamed weights stay in host
+  // memory.
+  using Progress = std::function<void(size_t done_bytes, size_t total_bytes)>;
+  void preload(const Graph& graph, const Placement& placement, const Progress& progress = {});
   // Frees a weight's device copies (it stays bound).
   void evict_weight(std::string_view name);
 

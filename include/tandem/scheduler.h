@@ -31,6 +31,9 @@ namespace tandem {
 
 inline constexpr double kDefaultSwitchThreshold = 2.0;
 inline constexpr int kNoBackend = -1;
+// Streamed weights copied ahead of the op that reads them: the copy queue runs this many weights
+// ahead of execution, and a device reserves staging memory for one more than that.
+inline constexpr int kStreamAheadWeights = 2;
 
 struct Strategy {
   enum class Kind : uint8_t { GpuPreferred, CpuPreferred, Automatic, BackendOnly };
@@ -70,6 +73,8 @@ struct SelectionReason {
     CpuAvailable,      // CpuPreferred: a CPU runs it
     GpuFallback,       // CpuPreferred: no CPU could; `why` says why
     Colocated,         // runs where its KV cache lives (`why` names the cache)
+    Streamed,          // a GPU runs it with its host-resident weight streamed in; `costs` lists
+                       // the host candidate and the streamed one
   };
   Kind kind = Kind::None;
   std::string why;
@@ -95,6 +100,9 @@ struct BackendSelection {
   SelectionReason reason;
   OpCost estimated_cost;
   std::vector<RejectedCandidate> rejected;
+  // Weights this op reads from host memory through its device's staging memory, copied ahead
+  // of use on the device's copy queue (SelectionReason::Streamed). Empty for every other op.
+  std::vector<TensorId> streamed;
 };
 
 // Decisions for a whole graph, one per node (indexed by TensorId).
@@ -105,6 +113,7 @@ struct Placement {
   std::vector<BackendSelection> nodes;
   size_t planned_transfers = 0;  // copies between memories each run (inputs, activations)
   size_t planned_uploads = 0;    // persistent copies made once (weights, KV cache moves)
+  size_t streamed_bytes = 0;     // weight bytes streamed from host memory each run
   double estimated_us = 0.0;     // sum of chosen compute and transfer estimates
 
   const BackendSelection& at(TensorId id) const { return nodes.at(size_t(id)); }

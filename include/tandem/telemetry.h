@@ -36,6 +36,7 @@ struct ExecutionEvent {
   double actual_us = -1.0;  // < 0: not measured (TimingMode::Off)
   size_t transfer_bytes = 0;
   double transfer_us = 0.0;  // measured when timed, else the estimate
+  bool streamed = false;     // a weight streamed on the device's copy queue
 };
 
 struct BackendUsage {

@@ -25,10 +25,9 @@ Engine::Engine(const EngineOptions& options)
     std::string layers;
     for (int l = ngl; l < int(config_.n_layer); ++l)
       layers += (layers.empty() ? "" : "|") + std::to_string(l);
-    if (!layers.empty()) {
-      pins.push_back({"^blk\\.(" + layers + ")\\..*$", "cpu"});
-      pins.push_back({"^cache_[kv]\\.(" + layers + ")$", "cpu"});
-    }
+    // Where the weights live, as llama.cpp's -ngl; where their ops run is the scheduler's
+    // choice (a GPU may stream a host weight for a large batch). KV caches follow the budget.
+    if (!layers.empty()) pins.push_back({"^blk\\.(" + layers + ")\\..*$", "cpu"});
     pins.push_back({"^token_embd\\.weight$", "cpu"});
     if (ngl <= int(config_.n_layer)) pins.push_back({"^output(_norm)?\\.weight$", "cpu"});
   }
@@ -115,35 +114,13 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
 }
 
 void Engine::upload_weights(const Graph& graph, const Placement& placement) {
-  // Weights a device will read and does not hold yet, uploaded here (not inside the first run)
-  // so a terminal shows the load's progress.
-  std::vector<std::pair<const TensorDesc*, const std::string*>> pending;
-  uint64_t total = 0;
-  for (const Node& n : graph.nodes()) {
-    const Backend* b = placement.at(n.id).backend;
-    if (!is_compute(n.op) || !b || b->host_accessible()) continue;
-    for (TensorId in : n.inputs) {
-      const TensorId s = graph.storage_of(in);
-      const TensorDesc& t = graph.tensor(s);
-      if (graph.node(s).op != OpKind::Weight ||
-          executor_->residency().contains(b->backend_id(), t.name))
-        continue;
-      bool listed = std::any_of(pending.begin(), pending.end(), [&](const auto& p) {
-        return p.first->name == t.name && *p.second == b->backend_id();
-      });
-      if (listed) continue;
-      pending.emplace_back(&t, &b->backend_id());
-      total += t.bytes();
-    }
-  }
-  if (pending.empty()) return;
-  Progress progress("loading weights (" + format_bytes(total) + ")", total);
-  uint64_t done = 0;
-  for (const auto& [t, backend_id] : pending) {
-    executor_->preload_weight(t->name, *backend_id);
-    done += t->bytes();
-    progress.update(done);
-  }
+  // Weights a device keeps are uploaded here (not inside the first run) so a terminal shows
+  // the load's progress; the bar appears only when there is something to upload.
+  std::unique_ptr<Progress> bar;
+  executor_->preload(graph, placement, [&](size_t done, size_t total) {
+    if (!bar) bar = std::make_unique<Progress>("loading weights (" + format_bytes(total) + ")", total);
+    bar->update(done);
+  });
 }
 
 std::string Engine::placement_summary() const {

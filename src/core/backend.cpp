@@ -137,6 +137,17 @@ void Backend::execute_segment(const Graph& graph, std::span<const NodeExecution>
   for (const NodeExecution& exec : segment) execute(graph, exec);
 }
 
+void Backend::stream_from_host(void* device_dst, const void* host_src, size_t bytes,
+                               int /*event*/) {
+  copy_from_host(device_dst, host_src, bytes);
+}
+
+void Backend::wait_stream_event(int /*event*/) {}
+
+bool Backend::register_host_memory(const void* /*data*/, size_t /*bytes*/) {
+  return false;
+}
+
 void Backend::timer_start() {
   synchronize();
   timer_start_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(

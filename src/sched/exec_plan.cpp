@@ -60,10 +60,65 @@ std::vector<size_t> assign_offsets(std::vector<Slot>& slots, int n_groups) {
   return arena;
 }
 
+// Puts each streamed copy into the step list kStreamAheadWeights copies ahead of its reader on
+// the same device: after the segment that reads the copy that many places earlier (or at the
+// start), so the copy queue always has the next weights in flight while execution runs. A
+// copy's slot is live from that point, so it only reuses memory whose readers were submitted
+// before it (the device's copy queue waits for them).
+void schedule_streamed_copies(ExecPlan& plan) {
+  if (plan.streamed.empty()) return;
+  static_assert(kStreamAheadWeights + 1 <= Backend::kStreamEvents);
+  const size_t ahead = size_t(kStreamAheadWeights);
+  // The step where each copy is waited for, and the last node submitted before each step.
+  std::vector<size_t> wait_step(plan.streamed.size(), 0);
+  std::vector<int> last_node(plan.steps.size() + 1, -1);
+  int seen = -1;
+  for (size_t j = 0; j < plan.steps.size(); ++j) {
+    const Step& st = plan.steps[j];
+    if (st.kind == StepKind::Wait) wait_step[st.index] = j;
+    if (st.kind == StepKind::Segment) {
+      seen = std::max(seen, int(plan.exec_id[st.index + st.count - 1]));
+    }
+    last_node[j + 1] = seen;
+  }
+  // Per device, copies in the order they are read; copy k goes in before step insert[k].
+  std::vector<size_t> insert(plan.streamed.size(), 0);
+  std::vector<std::vector<size_t>> per_device;
+  for (size_t k = 0; k < plan.streamed.size(); ++k) {
+    const int b = plan.streamed[k].backend;
+    if (size_t(b) >= per_device.size()) per_device.resize(size_t(b) + 1);
+    std::vector<size_t>& list = per_device[size_t(b)];
+    const size_t rank = list.size();
+    list.push_back(k);
+    plan.streamed[k].event = int(rank % (ahead + 1));
+    if (rank >= ahead) {
+      // After the segment that reads the copy `ahead` places earlier (it follows that copy's
+      // wait step), but never after this copy's own wait.
+      size_t after = wait_step[list[rank - ahead]];
+      while (after < plan.steps.size() && plan.steps[after].kind != StepKind::Segment) ++after;
+      insert[k] = std::min(after + 1, wait_step[k]);
+    }
+    plan.slots[size_t(plan.streamed[k].slot)].start = last_node[insert[k]] + 1;
+  }
+  std::vector<size_t> order(plan.streamed.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return insert[a] < insert[b]; });
+  std::vector<Step> steps;
+  steps.reserve(plan.steps.size() + plan.streamed.size());
+  size_t next = 0;
+  for (size_t j = 0; j <= plan.steps.size(); ++j) {
+    for (; next < order.size() && insert[order[next]] == j; ++next) {
+      steps.push_back({StepKind::Stream, order[next], 0, plan.streamed[order[next]].backend, 0});
+    }
+    if (j < plan.steps.size()) steps.push_back(plan.steps[j]);
+  }
+  plan.steps = std::move(steps);
+}
+
 }  // namespace
 
-void* HybridExecutor::Impl::weight_on(const std::string& name, const TensorDesc& desc,
-                                      int backend) {
+WeightEntry& HybridExecutor::Impl::bound_weight(const std::string& name, const TensorDesc& desc) {
   auto it = weights.find(name);
   if (it == weights.end() || !it->second.host) {
     throw_error(ErrorCode::InvalidArgument, "executor",
@@ -77,7 +132,39 @@ void* HybridExecutor::Impl::weight_on(const std::string& name, const TensorDesc&
                     " bytes but the graph's " + desc_string(desc) + " needs " +
                     std::to_string(desc.bytes()));
   }
-  return upload(w, backend);
+  return w;
+}
+
+void* HybridExecutor::Impl::weight_on(const std::string& name, const TensorDesc& desc,
+                                      int backend) {
+  return upload(bound_weight(name, desc), backend);
+}
+
+void HybridExecutor::Impl::register_weights_with(int backend) {
+  if (registered.empty()) registered.assign(backends.size(), false);
+  if (registered[size_t(backend)]) return;
+  registered[size_t(backend)] = true;
+  // Bound weights usually lie in one mapped file: register contiguous runs of them, bridging
+  // the small gaps (alignment padding) between neighbours.
+  constexpr uintptr_t kBridgeBytes = uintptr_t(1) << 20;
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+  for (const auto& [name, w] : weights) {
+    const auto lo = reinterpret_cast<uintptr_t>(w.host);
+    ranges.emplace_back(lo, lo + w.bytes);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && r.first <= merged.back().second + kBridgeBytes) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  for (const auto& [lo, hi] : merged) {
+    (void)backends[size_t(backend)]->register_host_memory(reinterpret_cast<const void*>(lo),
+                                                          size_t(hi - lo));
+  }
 }
 
 void* HybridExecutor::Impl::upload(WeightEntry& w, int backend) {
@@ -238,13 +325,18 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
   const uint64_t serial = g_plan_serial.fetch_add(1);
   size_t staging = 0;
   std::vector<size_t> pending;  // transfers of the open segment
+  std::vector<size_t> waits;    // streamed copies the open segment reads first
   int seg_backend = -1, seg_start = 0;
   size_t seg_first = 0;
   auto close_segment = [&] {
     if (seg_backend < 0) return;
-    for (size_t t : pending) plan->steps.push_back({true, t, 0, plan->transfers[t].dst_backend, 0});
+    for (size_t t : pending) {
+      plan->steps.push_back({StepKind::Transfer, t, 0, plan->transfers[t].dst_backend, 0});
+    }
     pending.clear();
-    Step s{false, seg_first, plan->execs.size() - seg_first, seg_backend, 0};
+    for (size_t w : waits) plan->steps.push_back({StepKind::Wait, w, 0, seg_backend, 0});
+    waits.clear();
+    Step s{StepKind::Segment, seg_first, plan->execs.size() - seg_first, seg_backend, 0};
     s.signature = mix64(mix64(plan->key, serial), plan->steps.size());
     plan->steps.push_back(s);
   };
@@ -252,15 +344,30 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     plan->slots.push_back({g, bytes, start, std::max(start, end), 0});
     return int(plan->slots.size() - 1);
   };
-  // Makes storage s valid in backend b's memory, adding a copy when it is elsewhere.
-  auto ensure_on = [&](TensorId s, int b) -> PtrRef {
+  // Makes storage s valid in backend b's memory, adding a copy when it is elsewhere. A
+  // streamed weight gets a slot its copy fills each run (unless the device already holds it).
+  auto ensure_on = [&](TensorId s, int b, TensorId reader, bool streamed) -> PtrRef {
     const int g = group[size_t(b)];
     PtrRef& here = ptr[size_t(s) * G + size_t(g)];
     if (valid[size_t(s)] & (1ull << g)) return here;
     const TensorDesc& d = graph.tensor(s);
     const OpKind op = graph.node(s).op;
     if (op == OpKind::Weight) {
-      here = PtrRef{-1, weight_on(d.name, d, b), 0};
+      WeightEntry& w = bound_weight(d.name, d);
+      if (streamed && g != 0 && !w.device[size_t(b)]) {
+        StreamedCopy c;
+        c.storage = s;
+        c.host = w.host;
+        c.bytes = w.bytes;
+        c.backend = b;
+        c.consumer = reader;
+        c.slot = new_slot(g, w.bytes, 0, last[size_t(s)]);  // start set once steps are known
+        here = PtrRef{c.slot, nullptr, 0};
+        waits.push_back(plan->streamed.size());
+        plan->streamed.push_back(c);
+      } else {
+        here = PtrRef{-1, upload(w, b), 0};
+      }
       valid[size_t(s)] |= 1ull << g;
       return here;
     }
@@ -306,7 +413,11 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     const int b = placement.backend_index(node.id);
     const int g = group[size_t(b)];
     const int i = int(node.id);
-    if (b != seg_backend) {
+    const std::vector<TensorId>& streamed = placement.at(node.id).streamed;
+    // A node that reads a streamed weight starts a segment: execution waits for its copy.
+    bool new_copy = false;
+    for (TensorId w : streamed) new_copy = new_copy || !(valid[size_t(w)] & (1ull << g));
+    if (b != seg_backend || (new_copy && g != 0)) {
       close_segment();
       seg_backend = b;
       seg_first = plan->execs.size();
@@ -316,7 +427,9 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     ex.node = &node;
     std::vector<PtrRef> ins;
     for (TensorId in : node.inputs) {
-      PtrRef r = ensure_on(graph.storage_of(in), b);
+      const TensorId s = graph.storage_of(in);
+      const bool is_streamed = std::find(streamed.begin(), streamed.end(), s) != streamed.end();
+      PtrRef r = ensure_on(s, b, node.id, is_streamed);
       r.offset += size_t(graph.tensor(in).view_offset);
       ins.push_back(r);
       ex.inputs.push_back({&graph.tensor(in), nullptr});
@@ -342,6 +455,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     plan->backend_used[size_t(b)] = true;
   }
   close_segment();
+  schedule_streamed_copies(*plan);
 
   for (TensorId o : graph.outputs()) {
     const TensorDesc& d = graph.tensor(o);
@@ -408,6 +522,10 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
   for (PlannedTransfer& t : plan->transfers) {
     t.src_ptr = t.src_group == kUserInput ? nullptr : resolve(t.src);
     t.dst_ptr = resolve(t.dst);
+  }
+  for (StreamedCopy& c : plan->streamed) {
+    c.dst_ptr = resolve(PtrRef{c.slot, nullptr, 0});
+    register_weights_with(c.backend);
   }
   for (ExecPlan::Output& o : plan->outputs) o.src_ptr = resolve(o.src);
   plan->staging.assign(staging, 0);

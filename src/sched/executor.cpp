@@ -142,9 +142,41 @@ void HybridExecutor::preload_weight(std::string_view name, std::string_view back
   impl_->upload(it->second, b);
 }
 
-void HybridExecutor::preload(const Graph& graph, const Placement& placement) {
+void HybridExecutor::preload(const Graph& graph, const Placement& placement,
+                             const Progress& progress) {
   std::lock_guard lock(impl_->run_mutex);
-  impl_->plan_for(graph, placement);
+  Impl& m = *impl_;
+  TANDEM_CHECK_ARG(placement.nodes.size() == graph.size(), "executor preload",
+                   "the placement has " + std::to_string(placement.nodes.size()) +
+                       " nodes, the graph " + std::to_string(graph.size()));
+  // The weights each device keeps, uploaded here one by one so a caller can show progress.
+  std::vector<std::pair<WeightEntry*, int>> pending;
+  size_t total = 0;
+  for (const Node& n : graph.nodes()) {
+    if (!is_compute(n.op)) continue;
+    const BackendSelection& sel = placement.at(n.id);
+    const int b = sel.backend_index;
+    if (b < 0 || size_t(b) >= m.backends.size() || m.group[size_t(b)] == 0) continue;
+    for (TensorId in : n.inputs) {
+      const TensorId s = graph.storage_of(in);
+      if (graph.node(s).op != OpKind::Weight) continue;
+      if (std::find(sel.streamed.begin(), sel.streamed.end(), s) != sel.streamed.end()) continue;
+      WeightEntry& w = m.bound_weight(graph.tensor(s).name, graph.tensor(s));
+      if (w.device[size_t(b)]) continue;
+      const bool listed = std::any_of(pending.begin(), pending.end(),
+                                      [&](const auto& p) { return p.first == &w && p.second == b; });
+      if (listed) continue;
+      pending.emplace_back(&w, b);
+      total += w.bytes;
+    }
+  }
+  size_t done = 0;
+  for (const auto& [w, b] : pending) {
+    m.upload(*w, b);
+    done += w->bytes;
+    if (progress) progress(done, total);
+  }
+  m.plan_for(graph, placement);
 }
 
 void HybridExecutor::evict_weight(std::string_view name) {
@@ -308,10 +340,36 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
     }
   };
   const double run_start = m.telemetry.now_us();
-  size_t transfer_bytes = 0, transfers = 0;
+  size_t transfer_bytes = 0, transfers = 0, streamed_bytes = 0;
   try {
     for (const Step& step : plan.steps) {
-      if (step.is_transfer) {
+      if (step.kind == StepKind::Stream) {
+        const StreamedCopy& c = plan.streamed[step.index];
+        Backend& dst = *m.backends[size_t(c.backend)];
+        const double t0 = record ? m.telemetry.now_us() : 0.0;
+        dst.stream_from_host(c.dst_ptr, c.host, c.bytes, c.event);
+        dirty[size_t(c.backend)] = true;
+        streamed_bytes += c.bytes;
+        if (record) {
+          ExecutionEvent e = op_event(graph, c.storage);
+          e.kind = EventKind::Transfer;
+          e.streamed = true;
+          e.timestamp_us = t0;
+          e.backend = dst.backend_id();
+          e.source_backend = "host";
+          e.transfer_bytes = c.bytes;
+          e.estimated_us = CostModel::transfer_us(c.bytes, m.profiles[size_t(c.backend)].link);
+          e.transfer_us = e.estimated_us;
+          events.push_back(std::move(e));
+        }
+        continue;
+      }
+      if (step.kind == StepKind::Wait) {
+        const StreamedCopy& c = plan.streamed[step.index];
+        m.backends[size_t(c.backend)]->wait_stream_event(c.event);
+        continue;
+      }
+      if (step.kind == StepKind::Transfer) {
         const PlannedTransfer& t = plan.transfers[step.index];
         const void* src = t.src_group == kUserInput ? plan.input_data[t.input_index] : t.src_ptr;
         // Host memory is read or overwritten: host-side work must be done.
@@ -421,6 +479,8 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
   m.stats.runs++;
   m.stats.transfers += transfers;
   m.stats.transfer_bytes += transfer_bytes;
+  m.stats.streamed_weights += plan.streamed.size();
+  m.stats.streamed_bytes += streamed_bytes;
   if (timing != TimingMode::Off) {
     ExecutionEvent g;
     g.kind = EventKind::Graph;

@@ -60,10 +60,30 @@ struct PlannedTransfer {
   void* dst_ptr = nullptr;
 };
 
+// A weight copied from host memory into device staging memory every run (a streamed weight),
+// on the device's copy queue, ahead of the op that reads it.
+struct StreamedCopy {
+  TensorId storage = kNoTensor;
+  const void* host = nullptr;
+  size_t bytes = 0;
+  int backend = -1;
+  int slot = -1;          // its arena slot (live from the copy to its last reader)
+  int event = 0;          // the copy queue's signal that the op waits for
+  TensorId consumer = 0;  // the first op that reads it
+  void* dst_ptr = nullptr;
+};
+
+enum class StepKind : uint8_t {
+  Transfer,  // index: a PlannedTransfer
+  Segment,   // index: first exec, count: execs, on one backend
+  Stream,    // index: a StreamedCopy, issued on its backend's copy queue
+  Wait,      // index: a StreamedCopy the next segment reads: execution waits for its copy
+};
+
 struct Step {
-  bool is_transfer = false;
-  size_t index = 0;  // transfer index, or first exec of the segment
-  size_t count = 0;  // execs in the segment
+  StepKind kind = StepKind::Segment;
+  size_t index = 0;
+  size_t count = 0;
   int backend = -1;
   uint64_t signature = 0;
 };
@@ -81,6 +101,7 @@ struct ExecPlan {
   std::vector<PtrRef> exec_out;
   std::vector<std::vector<PtrRef>> exec_in;
   std::vector<PlannedTransfer> transfers;
+  std::vector<StreamedCopy> streamed;
   std::vector<Step> steps;
   std::vector<Slot> slots;
   struct Input {
@@ -130,6 +151,10 @@ struct HybridExecutor::Impl {
   ExecPlan& plan_for(const Graph& graph, const Placement& placement);
   std::unique_ptr<ExecPlan> build_plan(const Graph& graph, const Placement& placement);
   void* weight_on(const std::string& name, const TensorDesc& desc, int backend);
+  WeightEntry& bound_weight(const std::string& name, const TensorDesc& desc);
+  // Page-locks the bound weights' host memory on a device that streams from it (once).
+  void register_weights_with(int backend);
+  std::vector<bool> registered;  // per backend: register_weights_with ran
   void* upload(WeightEntry& w, int backend);
   CacheEntry& cache_at(const std::string& name, const TensorDesc& desc, int backend);
 

@@ -46,6 +46,16 @@ struct Eval {
   bool ok() const { return check.ok() && fits; }
 };
 
+// A device's answer for running a node with its host-resident weights streamed in.
+struct StreamEval {
+  bool ok = false;
+  OpCost cost;
+  std::vector<TensorId> weights;
+  size_t weight_bytes = 0;  // streamed each run
+  size_t ring_growth = 0;   // staging memory the device must add for these weights
+  std::string detail;       // why not, when !ok
+};
+
 class Walk {
  public:
   Walk(const PlannerConfig& c, const Graph& g, const Residency& r)
@@ -63,6 +73,8 @@ class Walk {
     exhaust_free_.assign(n_backends_, 0);
     exhaust_detail_.resize(n_backends_);
     evals_.resize(n_backends_);
+    stream_evals_.resize(n_backends_);
+    ring_reserved_.assign(n_backends_, 0);
     excluded_.assign(n_backends_, false);
     group_backend_.assign(size_t(c.n_groups), kNoBackend);
     for (size_t b = 0; b < n_backends_; ++b) {
@@ -88,11 +100,12 @@ class Walk {
         continue;
       }
       select(n, sel);
-      apply(n, sel.backend_index);
+      apply(n, sel);
       p.estimated_us += sel.estimated_cost.total_us();
     }
     p.planned_transfers = transfers_;
     p.planned_uploads = uploads_;
+    p.streamed_bytes = streamed_bytes_;
     return p;
   }
 
@@ -171,6 +184,7 @@ class Walk {
       const int gb = c_.group[b];
       size_t persistent = 0, transient = 0;
       bool persistent_here = false;  // reads a weight or cache already in this memory
+      bool input_here = false;       // reads anything already in this memory
       int source_device = kNoBackend;
       for (size_t i = 0; i < n.inputs.size(); ++i) {
         TensorId s = g_.storage_of(n.inputs[i]);
@@ -188,6 +202,7 @@ class Walk {
           }
         }
         if (m & bit(gb)) {
+          input_here = input_here || g_.node(s).op != OpKind::Input;
           OpKind sop = g_.node(s).op;
           persistent_here = persistent_here || sop == OpKind::Weight || sop == OpKind::KvCache;
           continue;
@@ -216,8 +231,9 @@ class Walk {
       e.fits = e.needed <= e.free;
       const std::string& id = c_.backends[b]->backend_id();
       // An exhausted device still takes ops on weights or caches already there (preloaded)
-      // that need no new memory; activation-only ops stay off it (no ping-pong).
-      if (exhausted_[b] && (persistent > 0 || !persistent_here)) {
+      // that need no new memory, and ops on activations it already holds (a streamed chain);
+      // other activation-only ops stay off it (no ping-pong).
+      if (exhausted_[b] && (persistent > 0 || (!persistent_here && !input_here))) {
         e.fits = false;
         e.needed = exhaust_needed_[b];
         e.free = exhaust_free_[b];
@@ -236,6 +252,114 @@ class Walk {
         }
       }
     }
+  }
+
+  // Whether weight storage s lives in host memory as far as device b is concerned: pinned to a
+  // host backend, or (unpinned) too large for what b has left.
+  bool host_homed(TensorId s, int b) const {
+    const int p = weight_pin_[size_t(s)];
+    if (p >= 0) {
+      const int pb = c_.tensor_pin_backend[size_t(p)];
+      return c_.backends[size_t(pb)]->host_accessible();
+    }
+    return !evals_[size_t(b)].fits;
+  }
+
+  // For each device that can run n: the cost of running it with its host-resident weights
+  // streamed in (copied each run on the copy queue, overlapped with execution).
+  void evaluate_streamed(const Node& n) {
+    for (size_t b = 0; b < n_backends_; ++b) {
+      StreamEval& se = stream_evals_[b];
+      se = StreamEval{};
+      const int gb = c_.group[b];
+      if (gb == 0 || !evals_[b].check.ok()) continue;
+      std::vector<uint8_t> in_hops(n.inputs.size(), 0);
+      size_t transient = 0, largest = 0;
+      bool other_persistent = false;
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        TensorId s = g_.storage_of(n.inputs[i]);
+        bool dup = false;
+        for (size_t j = 0; j < i; ++j) dup = dup || g_.storage_of(n.inputs[j]) == s;
+        const uint64_t m = loc_[size_t(s)];
+        if (dup || (m & bit(int(gb)))) continue;
+        const OpKind sop = g_.node(s).op;
+        const size_t bytes = g_.tensor(s).bytes();
+        if (sop == OpKind::Weight) {
+          if (!host_homed(s, int(b))) {
+            other_persistent = true;  // uploaded as usual: not a streamed candidate
+            continue;
+          }
+          se.weights.push_back(s);
+          se.weight_bytes += bytes;
+          largest = std::max(largest, bytes);
+          continue;
+        }
+        if (sop == OpKind::KvCache) other_persistent = true;
+        in_hops[i] = uint8_t(hops(m, int(gb)));
+        transient += bytes;
+      }
+      if (se.weights.empty() || other_persistent) continue;
+      if (!g_.tensor(n.id).is_view()) transient += g_.tensor(n.id).bytes();
+      const BackendProfile& prof = c_.profiles[b];
+      OpCost base = CostModel::estimate(g_, n, prof, in_hops);
+      double weight_us = 0.0;
+      for (TensorId w : se.weights) {
+        weight_us += CostModel::transfer_us(g_.tensor(w).bytes(), prof.link, 1);
+      }
+      // Overlapped with execution: only the part of the copy longer than the op shows.
+      se.cost = base;
+      se.cost.transfer_us += std::max(0.0, weight_us - base.compute_us);
+      const size_t ring = size_t(kStreamAheadWeights + 1) * largest;
+      se.ring_growth = ring > ring_reserved_[b] ? ring - ring_reserved_[b] : 0;
+      const size_t needed = transient + se.ring_growth;
+      const size_t free = c_.budgets[b] > used_[b] ? c_.budgets[b] - used_[b] : 0;
+      se.ok = needed <= free;
+      if (!se.ok) {
+        se.detail = c_.backends[b]->backend_id() + " needs " + mib(needed) +
+                    " to stream (staging and activations), its budget has " + mib(free) + " free";
+      }
+    }
+  }
+
+  int best_streamed() const {
+    int best = kNoBackend;
+    for (size_t b = 0; b < n_backends_; ++b) {
+      if (excluded_[b] || !stream_evals_[b].ok) continue;
+      if (best < 0 || stream_evals_[b].cost.total_us() <
+                          stream_evals_[size_t(best)].cost.total_us()) {
+        best = int(b);
+      }
+    }
+    return best;
+  }
+
+  // Runs n on device b with its host weights streamed; `host` is the host candidate it beat.
+  void choose_streamed(BackendSelection& sel, int b, int host, const std::string& why) {
+    const StreamEval& se = stream_evals_[size_t(b)];
+    SelectionReason r;
+    r.kind = Kind::Streamed;
+    char buf[192];
+    std::snprintf(buf, sizeof buf, "%s streams %s of host weights: %.1f us vs %.1f us on %s",
+                  c_.backends[size_t(b)]->backend_id().c_str(), mib(se.weight_bytes).c_str(),
+                  se.cost.total_us(), host >= 0 ? evals_[size_t(host)].cost.total_us() : 0.0,
+                  host >= 0 ? c_.backends[size_t(host)]->backend_id().c_str() : "none");
+    r.why = why.empty() ? std::string(buf) : why + "; " + buf;
+    if (host >= 0) r.costs.push_back({host, c_.backends[size_t(host)]->backend_id(),
+                                      evals_[size_t(host)].cost});
+    r.costs.push_back({b, c_.backends[size_t(b)]->backend_id(), se.cost});
+    choose(sel, b, std::move(r), RejectReason::MoreExpensive, "", &se.cost);
+    sel.streamed = se.weights;
+  }
+
+  // Whether streaming beats running on `host` (kNoBackend: no host candidate at all).
+  int streamed_over(int host) const {
+    const int sb = best_streamed();
+    if (sb < 0) return kNoBackend;
+    if (host >= 0 && evals_[size_t(host)].ok() &&
+        evals_[size_t(host)].cost.total_us() <= stream_evals_[size_t(sb)].cost.total_us()) {
+      return kNoBackend;
+    }
+    return sb;
   }
 
   void set_backend(BackendSelection& sel, int b) const {
@@ -261,9 +385,9 @@ class Walk {
 
   // Fills the selection for backend b and lists every other backend as rejected.
   void choose(BackendSelection& sel, int b, SelectionReason reason, RejectReason other_reason,
-              const std::string& other_detail) {
+              const std::string& other_detail, const OpCost* cost = nullptr) {
     set_backend(sel, b);
-    sel.estimated_cost = evals_[size_t(b)].cost;
+    sel.estimated_cost = cost ? *cost : evals_[size_t(b)].cost;
     sel.reason = std::move(reason);
     for (size_t i = 0; i < n_backends_; ++i) {
       if (int(i) == b) continue;
@@ -322,6 +446,14 @@ class Walk {
       return;
     }
     int fallback = first_ok(want, false);
+    if (gpu) {
+      // The GPU has no room for the weight: streaming it in may still beat the fallback.
+      const int sb = streamed_over(fallback);
+      if (sb >= 0) {
+        choose_streamed(sel, sb, fallback, "");
+        return;
+      }
+    }
     int first = first_of(want);
     SelectionReason r;
     if (first == kNoBackend) {
@@ -359,6 +491,13 @@ class Walk {
       }
     }
     if (best_any < 0) fail(ErrorCode::Unsupported, n, "no backend can run it");
+    {
+      const int sb = streamed_over(best_fit);
+      if (sb >= 0) {
+        choose_streamed(sel, sb, best_fit, "");
+        return;
+      }
+    }
     if (best_fit < 0) fail(ErrorCode::OutOfMemory, n, "no backend has room for it");
     int chosen = best_fit;
     SelectionReason r;
@@ -421,9 +560,14 @@ class Walk {
 
   void select(const Node& n, BackendSelection& sel) {
     evaluate(n);
-    // 1. Pins: a weight pin, then an op pin.
+    evaluate_streamed(n);
+    const bool may_stream = c_.strategy.kind == Strategy::Kind::GpuPreferred ||
+                            c_.strategy.kind == Strategy::Kind::Automatic;
+    // 1. Pins: a weight pin, then an op pin. A pin to host memory says where the weight lives;
+    // a GPU may still run the op with the weight streamed in when that is cheaper.
     int pin = kNoBackend;
     std::string why;
+    bool pinned_weight = false;
     for (TensorId in : n.inputs) {
       TensorId s = g_.storage_of(in);
       int p = weight_pin_[size_t(s)];
@@ -431,7 +575,15 @@ class Walk {
         const TensorPin& tp = c_.tensor_pins[size_t(p)];
         pin = c_.tensor_pin_backend[size_t(p)];
         why = "pin '" + tp.pattern + "' on weight '" + g_.tensor(s).name + "' -> " + tp.backend_id;
+        pinned_weight = g_.node(s).op == OpKind::Weight;
         break;
+      }
+    }
+    if (pin >= 0 && pinned_weight && may_stream && c_.backends[size_t(pin)]->host_accessible()) {
+      const int sb = streamed_over(pin);
+      if (sb >= 0) {
+        choose_streamed(sel, sb, evals_[size_t(pin)].check.ok() ? pin : kNoBackend, why);
+        return;
       }
     }
     if (pin < 0 && c_.op_pin[size_t(n.op)] >= 0) {
@@ -470,6 +622,12 @@ class Walk {
     // 3. The strategy.
     switch (c_.strategy.kind) {
       case Strategy::Kind::GpuPreferred:
+        // Activations produced in host memory (by ops on host-resident weights) stay there
+        // unless moving them pays: no round trip per small op.
+        if (host_chain(n) && first_ok(BackendKind::Gpu, true) >= 0) {
+          automatic(n, sel);
+          break;
+        }
         preferred(n, sel, BackendKind::Gpu);
         break;
       case Strategy::Kind::CpuPreferred:
@@ -484,13 +642,36 @@ class Walk {
     }
   }
 
-  // Records the effects of running n on backend b: copies made, memory placed, outputs.
-  void apply(const Node& n, int b) {
+  // True for an op that reads no weight or cache and whose computed inputs all live in host
+  // memory only.
+  bool host_chain(const Node& n) const {
+    bool computed = false;
+    for (TensorId in : n.inputs) {
+      TensorId s = g_.storage_of(in);
+      const OpKind sop = g_.node(s).op;
+      if (sop == OpKind::Weight || sop == OpKind::KvCache) return false;
+      if (sop == OpKind::Input) continue;
+      if (loc_[size_t(s)] != kHostBit) return false;
+      computed = true;
+    }
+    return computed;
+  }
+
+  // Records the effects of running n where sel says: copies made, memory placed, outputs.
+  void apply(const Node& n, const BackendSelection& sel) {
+    const int b = sel.backend_index;
     const int gb = c_.group[size_t(b)];
+    if (!sel.streamed.empty()) {
+      const StreamEval& se = stream_evals_[size_t(b)];
+      used_[size_t(b)] += se.ring_growth;
+      ring_reserved_[size_t(b)] += se.ring_growth;
+      streamed_bytes_ += se.weight_bytes;
+    }
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       TensorId s = g_.storage_of(n.inputs[i]);
       uint64_t& m = loc_[size_t(s)];
       if (m & bit(gb)) continue;
+      if (std::find(sel.streamed.begin(), sel.streamed.end(), s) != sel.streamed.end()) continue;
       const size_t bytes = g_.tensor(s).bytes();
       OpKind sop = g_.node(s).op;
       if (m == 0) {  // a cache created here
@@ -530,6 +711,9 @@ class Walk {
   std::vector<std::string> exhaust_detail_;
   std::vector<int> group_backend_;
   std::vector<Eval> evals_;
+  std::vector<StreamEval> stream_evals_;
+  std::vector<size_t> ring_reserved_;  // per device: staging memory reserved for streaming
+  size_t streamed_bytes_ = 0;
   std::vector<bool> excluded_;
   std::vector<uint8_t> hops_;
   int current_ = kNoBackend;

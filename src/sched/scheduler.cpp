@@ -68,6 +68,8 @@ std::string_view reason_kind_name(SelectionReason::Kind kind) {
       return "gpu_fallback";
     case K::Colocated:
       return "colocated";
+    case K::Streamed:
+      return "streamed";
   }
   return "unknown";
 }

@@ -184,7 +184,8 @@ std::string Telemetry::to_chrome_trace_json() const {
                    {"pid", 1},
                    {"tid", 0},
                    {"args", {{"name", "tandem"}}}});
-  // One track per backend in order of appearance, then transfers and graphs.
+  // One track per backend in order of appearance, one per device copy queue (streamed
+  // weights), then transfers and graphs.
   std::map<std::string, int> tids;
   std::vector<std::string> names;
   auto track = [&](const std::string& name) {
@@ -195,8 +196,12 @@ std::string Telemetry::to_chrome_trace_json() const {
     names.push_back(name);
     return tid;
   };
+  auto copy_track = [](const ExecutionEvent& e) { return e.backend + " copy queue"; };
   for (const ExecutionEvent& e : events) {
     if (e.kind == EventKind::Op) track(e.backend);
+  }
+  for (const ExecutionEvent& e : events) {
+    if (e.streamed) track(copy_track(e));
   }
   const int transfers = track("transfers");
   const int graphs = track("graphs");
@@ -211,6 +216,7 @@ std::string Telemetry::to_chrome_trace_json() const {
   std::map<int, double> cursor;
   for (const ExecutionEvent& e : events) {
     int tid = e.kind == EventKind::Op         ? track(e.backend)
+              : e.streamed                    ? track(copy_track(e))
               : e.kind == EventKind::Transfer ? transfers
                                               : graphs;
     double dur = e.actual_us >= 0                ? e.actual_us
@@ -228,6 +234,7 @@ std::string Telemetry::to_chrome_trace_json() const {
     if (e.kind == EventKind::Transfer) {
       args["from"] = e.source_backend;
       args["transfer_bytes"] = e.transfer_bytes;
+      args["streamed"] = e.streamed;
     }
     trace.push_back({{"name", std::string(event_name(e))},
                      {"cat", std::string(event_kind_name(e.kind))},
@@ -258,7 +265,8 @@ std::string Telemetry::to_json() const {
                     {"estimated_us", e.estimated_us},
                     {"actual_us", e.actual_us},
                     {"transfer_bytes", e.transfer_bytes},
-                    {"transfer_us", e.transfer_us}});
+                    {"transfer_us", e.transfer_us},
+                    {"streamed", e.streamed}});
   }
   ExecutionSummary s = execution_summary();
   json backends = json::object();

@@ -35,6 +35,16 @@ struct Small {
   }
 };
 
+// A GPU behind a link so slow that streaming a host weight never pays: pins and budgets then
+// decide alone, as in llama.cpp's placement at decode batch sizes.
+CostModel slow_link() {
+  CostModel m;
+  BackendProfile gpu = CostModel::default_profile(BackendKind::Gpu);
+  gpu.link.bandwidth_gbs = 1e-3;
+  m.set_profile("gpu", gpu);
+  return m;
+}
+
 std::string error_of(const std::function<void()>& f, ErrorCode* code = nullptr) {
   try {
     f();
@@ -217,6 +227,7 @@ TEST(Scheduler, MemoryBudgetPutsALayerPrefixOnTheGpu) {
                    .with_backend(make_cpu())
                    .with_backend(make_gpu())
                    .memory_budget("gpu", budget)
+                   .cost_model(slow_link())
                    .build();
   EXPECT_EQ(sched.memory_budget("gpu"), budget);
   auto p = sched.plan(L.g);
@@ -253,6 +264,7 @@ TEST(Scheduler, MemoryBudgetPutsALayerPrefixOnTheGpu) {
                    .with_backend(make_cpu())
                    .with_backend(make_gpu())
                    .memory_budget("gpu", kW + 4096)
+                   .cost_model(slow_link())
                    .build();
   Residency r3;
   r3.add("gpu", "blk.3.w", kW);
@@ -267,11 +279,77 @@ TEST(Scheduler, MemoryBudgetPutsALayerPrefixOnTheGpu) {
                     .with_backend(make_gpu())
                     .memory_budget("gpu", budget)
                     .strict()
+                    .cost_model(slow_link())
                     .build();
   ErrorCode code{};
   std::string msg = error_of([&] { strict.plan(L.g); }, &code);
   EXPECT_EQ(code, ErrorCode::OutOfMemory);
   EXPECT_NE(msg.find("memory_constraint"), std::string::npos) << msg;
+}
+
+// Layers of matmul(w_l [1024, 1024] f32 = 4 MiB) + silu over a batch of T columns.
+struct WideLayers {
+  Graph g;
+  std::vector<TensorId> w, mm, act;
+  WideLayers(int64_t T, int n = 3) {
+    TensorId x = g.input("x", DType::F32, {1024, T});
+    for (int l = 0; l < n; ++l) {
+      w.push_back(g.weight("blk." + std::to_string(l) + ".w", DType::F32, {1024, 1024}));
+      mm.push_back(g.matmul(w.back(), x));
+      x = g.silu(mm.back());
+      act.push_back(x);
+    }
+    g.mark_output(x);
+  }
+};
+
+TEST(Scheduler, AHostWeightIsStreamedForABatchAndReadInPlaceForOneToken) {
+  auto sched = HybridScheduler::builder()
+                   .with_backend(make_cpu())
+                   .with_backend(make_gpu())
+                   .pin_tensor("^blk\\.", "cpu")
+                   .build();
+  // 256 columns: 537 MFLOP per layer is ~0.5 ms on the CPU's figures, against a 4 MiB copy
+  // (~0.17 ms at 25 GB/s) overlapped with ~11 us on the GPU.
+  WideLayers prefill(256);
+  auto p = sched.plan(prefill.g);
+  for (size_t l = 0; l < prefill.mm.size(); ++l) {
+    const BackendSelection& sel = p->at(prefill.mm[l]);
+    EXPECT_EQ(sel.backend->backend_id(), "gpu") << l;
+    EXPECT_EQ(sel.reason.kind, K::Streamed) << sel.reason.to_string();
+    ASSERT_EQ(sel.streamed.size(), 1u);
+    EXPECT_EQ(sel.streamed[0], prefill.w[l]);
+    // Both candidates are listed, the host one dearer.
+    ASSERT_EQ(sel.reason.costs.size(), 2u);
+    EXPECT_EQ(sel.reason.costs[0].backend_id, "cpu");
+    EXPECT_GT(sel.reason.costs[0].cost.total_us(), sel.reason.costs[1].cost.total_us());
+    EXPECT_NE(sel.reason.why.find("pin '^blk\\.'"), std::string::npos) << sel.reason.why;
+    EXPECT_EQ(p->at(prefill.act[l]).backend->backend_id(), "gpu") << l;
+  }
+  EXPECT_EQ(p->planned_uploads, 0u);  // the weights live in host memory
+  EXPECT_EQ(p->streamed_bytes, 3u * 1024 * 1024 * 4);
+
+  // One column: the CPU reads 4 MiB in ~42 us, less than the copy alone. The activations
+  // stay with it (no round trip per op).
+  WideLayers decode(1);
+  auto q = sched.plan(decode.g);
+  for (size_t l = 0; l < decode.mm.size(); ++l) {
+    EXPECT_EQ(q->at(decode.mm[l]).backend->backend_id(), "cpu") << l;
+    EXPECT_EQ(q->at(decode.mm[l]).reason.kind, K::UserPreference);
+    EXPECT_TRUE(q->at(decode.mm[l]).streamed.empty());
+    EXPECT_EQ(q->at(decode.act[l]).backend->backend_id(), "cpu") << l;
+  }
+  EXPECT_EQ(q->planned_transfers, 0u);
+  EXPECT_EQ(q->streamed_bytes, 0u);
+
+  // cpu_preferred and backend_only never stream.
+  auto cpu_first = HybridScheduler::builder()
+                       .with_backend(make_cpu())
+                       .with_backend(make_gpu())
+                       .pin_tensor("^blk\\.", "cpu")
+                       .strategy(Strategy::cpu_preferred())
+                       .build();
+  EXPECT_EQ(cpu_first.plan(prefill.g)->streamed_bytes, 0u);
 }
 
 TEST(Scheduler, BudgetsSplitLayersAcrossTwoGpus) {
@@ -319,6 +397,7 @@ TEST(Scheduler, TensorAndOpPinsAreUserPreferences) {
                    .with_backend(make_gpu())
                    .pin_tensor("blk\\.1\\..*", "cpu")
                    .pin_op(OpKind::Silu, "cpu")
+                   .cost_model(slow_link())
                    .build();
   auto p = sched.plan(L.g);
   EXPECT_EQ(p->at(L.mm[0]).reason.kind, K::GpuAvailable);
@@ -340,6 +419,7 @@ TEST(Scheduler, TensorAndOpPinsAreUserPreferences) {
                     .with_backend(make_gpu())
                     .pin_tensor("\\.3\\.", "cpu")
                     .pin_tensor("blk", "gpu")
+                    .cost_model(slow_link())
                     .build();
   auto q = search.plan(L.g);
   EXPECT_EQ(q->at(L.mm[3]).backend->backend_id(), "cpu");

@@ -16,6 +16,8 @@ constexpr int64_t kMaxKernelElements = (int64_t(1) << 31) - 1;
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 constexpr size_t kCounterCount = size_t(1) << 16;
 constexpr size_t kMaxCachedGraphs = 256;
+// Registration works on whole pages; 4 KiB divides every page size Linux uses.
+constexpr size_t kHostPageBytes = 4096;
 
 std::vector<OpCapability> build_capabilities() {
   std::vector<OpCapability> caps;
@@ -95,6 +97,11 @@ CudaBackend::CudaBackend(int device) : allocator_(state_) {
       TANDEM_CUDA_CHECK(s, "init",
                         cudaEventCreateWithFlags(&staging_done_[i], cudaEventDisableTiming));
     }
+    TANDEM_CUDA_CHECK(s, "init", cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    TANDEM_CUDA_CHECK(s, "init", cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : stream_events_) {
+      TANDEM_CUDA_CHECK(s, "init", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
     TANDEM_CUDA_CHECK(s, "init", cudaEventCreate(&timer_begin_));
     TANDEM_CUDA_CHECK(s, "init", cudaEventCreate(&timer_end_));
   } catch (...) {
@@ -110,7 +117,18 @@ CudaBackend::~CudaBackend() {
 void CudaBackend::release() {
   (void)cudaSetDevice(state_.device);
   if (stream_ && !state_.lost) (void)cudaStreamSynchronize(stream_);
+  if (copy_stream_ && !state_.lost) (void)cudaStreamSynchronize(copy_stream_);
   clear_graphs();
+  for (int i = 0; i < kBounceBuffers; ++i) {
+    if (bounce_done_[i]) (void)cudaEventDestroy(std::exchange(bounce_done_[i], nullptr));
+    if (bounce_[i]) (void)cudaFreeHost(std::exchange(bounce_[i], nullptr));
+  }
+  for (cudaEvent_t& e : stream_events_) {
+    if (e) (void)cudaEventDestroy(std::exchange(e, nullptr));
+  }
+  if (compute_mark_) (void)cudaEventDestroy(std::exchange(compute_mark_, nullptr));
+  for (const auto& [lo, hi] : registered_) (void)cudaHostUnregister(reinterpret_cast<void*>(lo));
+  registered_.clear();
   for (int i = 0; i < kStagingBuffers; ++i) {
     if (staging_done_[i]) (void)cudaEventDestroy(std::exchange(staging_done_[i], nullptr));
     if (staging_[i]) (void)cudaFreeHost(std::exchange(staging_[i], nullptr));
@@ -122,6 +140,7 @@ void CudaBackend::release() {
   if (scratch_) allocator_.free(std::exchange(scratch_, nullptr));
   if (counters_) allocator_.free(std::exchange(counters_, nullptr));
   if (cublas_workspace_) allocator_.free(std::exchange(cublas_workspace_, nullptr));
+  if (copy_stream_) (void)cudaStreamDestroy(std::exchange(copy_stream_, nullptr));
   if (stream_) (void)cudaStreamDestroy(std::exchange(stream_, nullptr));
   (void)cudaGetLastError();
 }
@@ -359,7 +378,85 @@ void CudaBackend::synchronize() {
   std::lock_guard lock(mutex_);
   check_alive("synchronize");
   TANDEM_CUDA_CHECK(state_, "synchronize", cudaStreamSynchronize(stream_));
+  TANDEM_CUDA_CHECK(state_, "synchronize", cudaStreamSynchronize(copy_stream_));
   check_device_errors();
+}
+
+void CudaBackend::stream_from_host(void* device_dst, const void* host_src, size_t bytes,
+                                   int event) {
+  std::lock_guard lock(mutex_);
+  check_alive("stream_from_host");
+  TANDEM_CHECK_ARG(event >= 0 && event < kStreamEvents, state_.id + " stream_from_host",
+                   "event " + std::to_string(event) + " out of range");
+  // The destination's previous readers are the execution work submitted so far.
+  TANDEM_CUDA_CHECK(state_, "stream_from_host", cudaEventRecord(compute_mark_, stream_));
+  TANDEM_CUDA_CHECK(state_, "stream_from_host", cudaStreamWaitEvent(copy_stream_, compute_mark_));
+  auto* dst = static_cast<uint8_t*>(device_dst);
+  const auto* src = static_cast<const uint8_t*>(host_src);
+  if (is_registered(src, bytes)) {
+    TANDEM_CUDA_CHECK(state_, "stream_from_host",
+                      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_stream_));
+  } else {
+    bounce_to_device(dst, src, bytes);
+  }
+  TANDEM_CUDA_CHECK(state_, "stream_from_host", cudaEventRecord(stream_events_[event], copy_stream_));
+}
+
+void CudaBackend::bounce_to_device(uint8_t* dst, const uint8_t* src, size_t bytes) {
+  for (size_t off = 0; off < bytes; off += kStagingBytes) {
+    const size_t n = std::min(kStagingBytes, bytes - off);
+    const int i = next_bounce_;
+    next_bounce_ = (next_bounce_ + 1) % kBounceBuffers;
+    if (!bounce_[i]) {
+      TANDEM_CUDA_CHECK(state_, "stream_from_host", cudaMallocHost(&bounce_[i], kStagingBytes));
+      TANDEM_CUDA_CHECK(state_, "stream_from_host",
+                        cudaEventCreateWithFlags(&bounce_done_[i], cudaEventDisableTiming));
+    } else {
+      TANDEM_CUDA_CHECK(state_, "stream_from_host", cudaEventSynchronize(bounce_done_[i]));
+    }
+    std::memcpy(bounce_[i], src + off, n);
+    TANDEM_CUDA_CHECK(
+        state_, "stream_from_host",
+        cudaMemcpyAsync(dst + off, bounce_[i], n, cudaMemcpyHostToDevice, copy_stream_));
+    TANDEM_CUDA_CHECK(state_, "stream_from_host", cudaEventRecord(bounce_done_[i], copy_stream_));
+  }
+}
+
+void CudaBackend::wait_stream_event(int event) {
+  std::lock_guard lock(mutex_);
+  check_alive("wait_stream_event");
+  TANDEM_CHECK_ARG(event >= 0 && event < kStreamEvents, state_.id + " wait_stream_event",
+                   "event " + std::to_string(event) + " out of range");
+  TANDEM_CUDA_CHECK(state_, "wait_stream_event", cudaStreamWaitEvent(stream_, stream_events_[event]));
+}
+
+bool CudaBackend::is_registered(const void* data, size_t bytes) const {
+  const auto lo = reinterpret_cast<uintptr_t>(data);
+  for (const auto& [first, last] : registered_) {
+    if (lo >= first && lo + bytes <= last) return true;
+  }
+  return false;
+}
+
+bool CudaBackend::register_host_memory(const void* data, size_t bytes) {
+  std::lock_guard lock(mutex_);
+  check_alive("register_host_memory");
+  if (bytes == 0 || is_registered(data, bytes)) return true;
+  const uintptr_t page = uintptr_t(kHostPageBytes);
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(data) / page * page;
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) / page * page;
+  for (const auto& [first, last] : registered_) {
+    if (lo < last && first < hi) return false;  // overlaps a registration it does not fit in
+  }
+  // Read-only: the source may be a read-only mapping of the model file.
+  const cudaError_t err = cudaHostRegister(reinterpret_cast<void*>(lo), size_t(hi - lo),
+                                           cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  registered_.emplace_back(lo, hi);
+  return true;
 }
 
 void CudaBackend::timer_start() {

@@ -46,6 +46,10 @@ class CudaBackend final : public Backend {
   void execute_segment(const Graph& graph, std::span<const NodeExecution> segment,
                        uint64_t signature) override;
   void synchronize() override;
+  // Streamed weights go on a second stream (copy_stream_), ordered with stream_ by events.
+  void stream_from_host(void* device_dst, const void* host_src, size_t bytes, int event) override;
+  void wait_stream_event(int event) override;
+  bool register_host_memory(const void* data, size_t bytes) override;
   void timer_start() override;
   double timer_stop_us() override;
 
@@ -81,6 +85,8 @@ class CudaBackend final : public Backend {
   void validate(const Graph& graph, const NodeExecution& exec) const;
   void check_device_errors();
   void clear_graphs();
+  bool is_registered(const void* data, size_t bytes) const;
+  void bounce_to_device(uint8_t* dst, const uint8_t* src, size_t bytes);
 
   cuda::DeviceState state_;
   int sm_count_ = 1;
@@ -102,6 +108,16 @@ class CudaBackend final : public Backend {
   void* staging_[kStagingBuffers] = {};
   cudaEvent_t staging_done_[kStagingBuffers] = {};
   int next_staging_ = 0;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t compute_mark_ = nullptr;  // recorded on stream_ before each streamed copy
+  cudaEvent_t stream_events_[kStreamEvents] = {};
+  // Host ranges page-locked by register_host_memory ([first, second) page-aligned).
+  std::vector<std::pair<uintptr_t, uintptr_t>> registered_;
+  // Pinned bounce buffers for streaming from memory that could not be registered.
+  static constexpr int kBounceBuffers = 4;
+  void* bounce_[kBounceBuffers] = {};
+  cudaEvent_t bounce_done_[kBounceBuffers] = {};
+  int next_bounce_ = 0;
   cudaEvent_t timer_begin_ = nullptr;
   cudaEvent_t timer_end_ = nullptr;
   std::unordered_map<uint64_t, CachedGraph> graphs_;
