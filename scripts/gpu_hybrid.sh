@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Hybrid execution on the GPU machine: builds tandem for sm_90, checks LLaMA logits on the GPU
+# against the reference, measures pinned host-to-device bandwidth, then runs the hybrid set of
+# the comparison with llama.cpp (.gpu-tools/vs-llama.py, see its header) on the same files.
+# Usage (repo root, .gpu-tools/ holding the GPU kit): OUT=/tmp/out bash scripts/gpu_hybrid.sh [SETS]
+set -u
+OUT=${OUT:-/tmp/tandem_hybrid}
+SETS=${1:-hybrid}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+tar -xJf .gpu-tools/gpu-deps-debian12.tar.xz -C /tmp
+export LD_LIBRARY_PATH=/tmp/deps/lib:/tmp/deps/lib/x86_64-linux-gnu OPENBLAS_CORETYPE=SkylakeX
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+t0=$(date +%s)
+cmake -S . -B build/gpu -G Ninja -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
+  -DTANDEM_BUILD_TESTS=ON -DCMAKE_PREFIX_PATH=/tmp/deps -DPKG_CONFIG_EXECUTABLE=/tmp/deps/bin/pkg-config \
+  "-DCMAKE_CXX_FLAGS=-isystem /tmp/deps/include" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+timeout 400 cmake --build build/gpu -j16 --target tandem llama_test >"$OUT/build.log" 2>&1 ||
+  { tail -30 "$OUT/build.log"; exit 1; }
+echo "build: $(($(date +%s) - t0)) s"
+timeout 120 build/gpu/tests/llama/llama_test --gtest_brief=1 >"$OUT/llama_test.log" 2>&1
+echo "llama_test exit $?: $(grep -E 'PASSED|FAILED' "$OUT/llama_test.log" | tr '\n' ' ')"
+python3 - <<'PY' 2>&1 | tee "$OUT/pcie.txt"
+import torch
+n = 1 << 30
+h = torch.empty(n, dtype=torch.uint8).pin_memory(); d = torch.empty(n, dtype=torch.uint8, device="cuda")
+for _ in range(3): d.copy_(h, non_blocking=True)
+torch.cuda.synchronize(); s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+t = []
+for _ in range(5):
+    s.record(); d.copy_(h, non_blocking=True); e.record(); e.synchronize(); t.append(s.elapsed_time(e))
+t.sort(); print(f"pinned H2D: {n / (t[2] / 1e3) / 1e9:.1f} GB/s (median of 5, 1 GiB)")
+PY
+B=build/gpu/bin/tandem
+M=/tmp/vs-llama-models; mkdir -p $M
+[ -f $M/llama-3.1-8b-q4_0.gguf ] || timeout 200 $B synth --preset llama-3.1-8b --type q4_0 -o $M/llama-3.1-8b-q4_0.gguf >/dev/null
+for n in 0 16; do
+  timeout 120 $B bench -m $M/llama-3.1-8b-q4_0.gguf --ngl $n -p 512 -n 0 -r 2 -t 16 >"$OUT/ngl$n.txt" 2>&1
+  echo "ngl $n: exit $? $(grep -E 'pp512' "$OUT/ngl$n.txt" | head -1)"
+done
+PYTHONUNBUFFERED=1 timeout 400 python3 .gpu-tools/vs-llama.py --tandem $B --set "$SETS" 2>&1 | tee "$OUT/vs-llama.txt"
