@@ -110,9 +110,12 @@ class Backend {
   static constexpr int kStreamEvents = 8;
   virtual void stream_from_host(void* device_dst, const void* host_src, size_t bytes, int event);
   virtual void wait_stream_event(int event);
-  // Asks the device to page-lock host memory it will stream from (e.g. a mapped model file),
-  // so copies run at full link speed. False where it cannot; streaming then still works.
-  virtual bool register_host_memory(const void* data, size_t bytes);
+  // Host memory this device will stream from every run (a weight in a mapped model file): the
+  // device may keep it page-locked so copies run at full link speed. False where it does not;
+  // streaming then still works, slower.
+  virtual bool prepare_stream_source(const void* data, size_t bytes);
+  // Forgets what prepare_stream_source kept for `data` (its owner rebinds or drops it).
+  virtual void release_stream_source(const void* data);
 
   // Timing around work submitted to this backend: steady clock on CPUs, events on GPUs.
   virtual void timer_start();

@@ -144,9 +144,11 @@ void Backend::stream_from_host(void* device_dst, const void* host_src, size_t by
 
 void Backend::wait_stream_event(int /*event*/) {}
 
-bool Backend::register_host_memory(const void* /*data*/, size_t /*bytes*/) {
+bool Backend::prepare_stream_source(const void* /*data*/, size_t /*bytes*/) {
   return false;
 }
+
+void Backend::release_stream_source(const void* /*data*/) {}
 
 void Backend::timer_start() {
   synchronize();

@@ -140,33 +140,6 @@ void* HybridExecutor::Impl::weight_on(const std::string& name, const TensorDesc&
   return upload(bound_weight(name, desc), backend);
 }
 
-void HybridExecutor::Impl::register_weights_with(int backend) {
-  if (registered.empty()) registered.assign(backends.size(), false);
-  if (registered[size_t(backend)]) return;
-  registered[size_t(backend)] = true;
-  // Bound weights usually lie in one mapped file: register contiguous runs of them, bridging
-  // the small gaps (alignment padding) between neighbours.
-  constexpr uintptr_t kBridgeBytes = uintptr_t(1) << 20;
-  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
-  for (const auto& [name, w] : weights) {
-    const auto lo = reinterpret_cast<uintptr_t>(w.host);
-    ranges.emplace_back(lo, lo + w.bytes);
-  }
-  std::sort(ranges.begin(), ranges.end());
-  std::vector<std::pair<uintptr_t, uintptr_t>> merged;
-  for (const auto& r : ranges) {
-    if (!merged.empty() && r.first <= merged.back().second + kBridgeBytes) {
-      merged.back().second = std::max(merged.back().second, r.second);
-    } else {
-      merged.push_back(r);
-    }
-  }
-  for (const auto& [lo, hi] : merged) {
-    (void)backends[size_t(backend)]->register_host_memory(reinterpret_cast<const void*>(lo),
-                                                          size_t(hi - lo));
-  }
-}
-
 void* HybridExecutor::Impl::upload(WeightEntry& w, int backend) {
   const std::string& name = w.name;
   if (group[size_t(backend)] == 0) return const_cast<void*>(w.host);
@@ -525,7 +498,11 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
   }
   for (StreamedCopy& c : plan->streamed) {
     c.dst_ptr = resolve(PtrRef{c.slot, nullptr, 0});
-    register_weights_with(c.backend);
+    WeightEntry& w = weights.at(graph.tensor(c.storage).name);
+    if (!w.streamed[size_t(c.backend)]) {
+      w.streamed[size_t(c.backend)] = true;
+      (void)backends[size_t(c.backend)]->prepare_stream_source(c.host, c.bytes);
+    }
   }
   for (ExecPlan::Output& o : plan->outputs) o.src_ptr = resolve(o.src);
   plan->staging.assign(staging, 0);

@@ -67,6 +67,7 @@ void HybridExecutor::Impl::bind(const std::string& name, const void* data, size_
     e.host = data;
     e.bytes = bytes;
     e.device.resize(backends.size());
+    e.streamed.assign(backends.size(), false);
     weights.emplace(name, std::move(e));
     return;
   }
@@ -76,9 +77,21 @@ void HybridExecutor::Impl::bind(const std::string& name, const void* data, size_
     if (w.device[b]) residency.remove(backends[b]->backend_id(), name);
     w.device[b].reset();
   }
+  release_stream_sources(w);
   w.host = data;
   w.bytes = bytes;
   generation++;  // plans holding the old pointers are rebuilt
+}
+
+void HybridExecutor::Impl::release_stream_sources(WeightEntry& w) {
+  for (size_t b = 0; b < backends.size(); ++b) {
+    if (!w.streamed[b]) continue;
+    w.streamed[b] = false;
+    try {
+      backends[b]->release_stream_source(w.host);
+    } catch (...) {
+    }
+  }
 }
 
 void HybridExecutor::Impl::zero_fill(Backend& b, void* ptr, size_t bytes) {
@@ -101,6 +114,7 @@ HybridExecutor::HybridExecutor(std::vector<std::shared_ptr<Backend>> backends,
 
 HybridExecutor::~HybridExecutor() {
   if (!impl_) return;
+  for (auto& [name, w] : impl_->weights) impl_->release_stream_sources(w);
   // Plans and caches free through their backends; let in-flight work finish first.
   for (auto& b : impl_->backends) {
     try {

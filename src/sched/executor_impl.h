@@ -21,6 +21,7 @@ struct WeightEntry {
   const void* host = nullptr;
   size_t bytes = 0;
   std::vector<Buffer> device;  // per backend index (device backends only)
+  std::vector<bool> streamed;  // per backend: prepared as a stream source
 };
 
 struct CacheEntry {
@@ -152,15 +153,13 @@ struct HybridExecutor::Impl {
   std::unique_ptr<ExecPlan> build_plan(const Graph& graph, const Placement& placement);
   void* weight_on(const std::string& name, const TensorDesc& desc, int backend);
   WeightEntry& bound_weight(const std::string& name, const TensorDesc& desc);
-  // Page-locks the bound weights' host memory on a device that streams from it (once).
-  void register_weights_with(int backend);
-  std::vector<bool> registered;  // per backend: register_weights_with ran
   void* upload(WeightEntry& w, int backend);
   CacheEntry& cache_at(const std::string& name, const TensorDesc& desc, int backend);
 
   // executor.cpp
   void bind(const std::string& name, const void* data, size_t bytes);
   void zero_fill(Backend& b, void* ptr, size_t bytes);
+  void release_stream_sources(WeightEntry& w);
 };
 
 }  // namespace tandem

@@ -16,8 +16,6 @@ constexpr int64_t kMaxKernelElements = (int64_t(1) << 31) - 1;
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 constexpr size_t kCounterCount = size_t(1) << 16;
 constexpr size_t kMaxCachedGraphs = 256;
-// Registration works on whole pages; 4 KiB divides every page size Linux uses.
-constexpr size_t kHostPageBytes = 4096;
 
 std::vector<OpCapability> build_capabilities() {
   std::vector<OpCapability> caps;
@@ -127,8 +125,8 @@ void CudaBackend::release() {
     if (e) (void)cudaEventDestroy(std::exchange(e, nullptr));
   }
   if (compute_mark_) (void)cudaEventDestroy(std::exchange(compute_mark_, nullptr));
-  for (const auto& [lo, hi] : registered_) (void)cudaHostUnregister(reinterpret_cast<void*>(lo));
-  registered_.clear();
+  for (auto& [src, copy] : pinned_) (void)cudaFreeHost(copy.data);
+  pinned_.clear();
   for (int i = 0; i < kStagingBuffers; ++i) {
     if (staging_done_[i]) (void)cudaEventDestroy(std::exchange(staging_done_[i], nullptr));
     if (staging_[i]) (void)cudaFreeHost(std::exchange(staging_[i], nullptr));
@@ -393,9 +391,9 @@ void CudaBackend::stream_from_host(void* device_dst, const void* host_src, size_
   TANDEM_CUDA_CHECK(state_, "stream_from_host", cudaStreamWaitEvent(copy_stream_, compute_mark_));
   auto* dst = static_cast<uint8_t*>(device_dst);
   const auto* src = static_cast<const uint8_t*>(host_src);
-  if (is_registered(src, bytes)) {
+  if (const void* pinned = pinned_source(src, bytes)) {
     TANDEM_CUDA_CHECK(state_, "stream_from_host",
-                      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_stream_));
+                      cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, copy_stream_));
   } else {
     bounce_to_device(dst, src, bytes);
   }
@@ -430,32 +428,40 @@ void CudaBackend::wait_stream_event(int event) {
   TANDEM_CUDA_CHECK(state_, "wait_stream_event", cudaStreamWaitEvent(stream_, stream_events_[event]));
 }
 
-bool CudaBackend::is_registered(const void* data, size_t bytes) const {
-  const auto lo = reinterpret_cast<uintptr_t>(data);
-  for (const auto& [first, last] : registered_) {
-    if (lo >= first && lo + bytes <= last) return true;
-  }
-  return false;
+const void* CudaBackend::pinned_source(const void* data, size_t bytes) {
+  auto it = pinned_.find(data);
+  if (it != pinned_.end() && it->second.bytes == bytes) return it->second.data;
+  if (!prepare_stream_source(data, bytes)) return nullptr;
+  return pinned_.at(data).data;
 }
 
-bool CudaBackend::register_host_memory(const void* data, size_t bytes) {
+void CudaBackend::release_stream_source(const void* data) {
   std::lock_guard lock(mutex_);
-  check_alive("register_host_memory");
-  if (bytes == 0 || is_registered(data, bytes)) return true;
-  const uintptr_t page = uintptr_t(kHostPageBytes);
-  const uintptr_t lo = reinterpret_cast<uintptr_t>(data) / page * page;
-  const uintptr_t hi = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) / page * page;
-  for (const auto& [first, last] : registered_) {
-    if (lo < last && first < hi) return false;  // overlaps a registration it does not fit in
+  auto it = pinned_.find(data);
+  if (it == pinned_.end()) return;
+  if (!state_.lost) (void)cudaStreamSynchronize(copy_stream_);  // queued copies may read it
+  (void)cudaFreeHost(it->second.data);
+  pinned_.erase(it);
+}
+
+bool CudaBackend::prepare_stream_source(const void* data, size_t bytes) {
+  std::lock_guard lock(mutex_);
+  check_alive("prepare_stream_source");
+  auto it = pinned_.find(data);
+  if (it != pinned_.end()) {
+    if (it->second.bytes == bytes) return true;
+    // Rebound to other bytes: the copy may still feed queued work.
+    TANDEM_CUDA_CHECK(state_, "prepare_stream_source", cudaStreamSynchronize(copy_stream_));
+    (void)cudaFreeHost(it->second.data);
+    pinned_.erase(it);
   }
-  // Read-only: the source may be a read-only mapping of the model file.
-  const cudaError_t err = cudaHostRegister(reinterpret_cast<void*>(lo), size_t(hi - lo),
-                                           cudaHostRegisterPortable | cudaHostRegisterReadOnly);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
+  void* copy = nullptr;
+  if (cudaMallocHost(&copy, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();  // out of page-locked memory: stream through bounce buffers
     return false;
   }
-  registered_.emplace_back(lo, hi);
+  std::memcpy(copy, data, bytes);
+  pinned_.emplace(data, PinnedCopy{copy, bytes});
   return true;
 }
 

@@ -49,7 +49,8 @@ class CudaBackend final : public Backend {
   // Streamed weights go on a second stream (copy_stream_), ordered with stream_ by events.
   void stream_from_host(void* device_dst, const void* host_src, size_t bytes, int event) override;
   void wait_stream_event(int event) override;
-  bool register_host_memory(const void* data, size_t bytes) override;
+  bool prepare_stream_source(const void* data, size_t bytes) override;
+  void release_stream_source(const void* data) override;
   void timer_start() override;
   double timer_stop_us() override;
 
@@ -85,7 +86,7 @@ class CudaBackend final : public Backend {
   void validate(const Graph& graph, const NodeExecution& exec) const;
   void check_device_errors();
   void clear_graphs();
-  bool is_registered(const void* data, size_t bytes) const;
+  const void* pinned_source(const void* data, size_t bytes);
   void bounce_to_device(uint8_t* dst, const uint8_t* src, size_t bytes);
 
   cuda::DeviceState state_;
@@ -111,8 +112,14 @@ class CudaBackend final : public Backend {
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t compute_mark_ = nullptr;  // recorded on stream_ before each streamed copy
   cudaEvent_t stream_events_[kStreamEvents] = {};
-  // Host ranges page-locked by register_host_memory ([first, second) page-aligned).
-  std::vector<std::pair<uintptr_t, uintptr_t>> registered_;
+  // Page-locked copies of host memory streamed every run, by source address. A first version
+  // registered the mapped model file in place (cudaHostRegister); on the H100 machine
+  // (2026-11-25) its first prefill did not finish within 60 s, the time spent in the kernel.
+  struct PinnedCopy {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  std::unordered_map<const void*, PinnedCopy> pinned_;
   // Pinned bounce buffers for streaming from memory that could not be registered.
   static constexpr int kBounceBuffers = 4;
   void* bounce_[kBounceBuffers] = {};
