@@ -32,10 +32,12 @@ for _ in range(5):
 t.sort(); print(f"pinned H2D: {n / (t[2] / 1e3) / 1e9:.1f} GB/s (median of 5, 1 GiB)")
 PY
 B=build/gpu/bin/tandem
+# A quick check on the 1B model first: a hybrid prefill that stalls shows here in seconds.
+$B synth --preset llama-3.2-1b --type q4_0 -o /tmp/1b.gguf >/dev/null
+for n in 0 8; do
+  timeout 60 $B bench -m /tmp/1b.gguf --ngl $n -p 512 -n 16 -r 2 -t 16 >"$OUT/1b_ngl$n.txt" 2>&1
+  echo "1b ngl $n: exit $? $(grep -E '\| (pp|tg)' "$OUT/1b_ngl$n.txt" | cut -d'|' -f4,6 | tr '\n' ' ')"
+done
 M=/tmp/vs-llama-models; mkdir -p $M
 [ -f $M/llama-3.1-8b-q4_0.gguf ] || timeout 200 $B synth --preset llama-3.1-8b --type q4_0 -o $M/llama-3.1-8b-q4_0.gguf >/dev/null
-for n in 0 16; do
-  timeout 120 $B bench -m $M/llama-3.1-8b-q4_0.gguf --ngl $n -p 512 -n 0 -r 2 -t 16 >"$OUT/ngl$n.txt" 2>&1
-  echo "ngl $n: exit $? $(grep -E 'pp512' "$OUT/ngl$n.txt" | head -1)"
-done
 PYTHONUNBUFFERED=1 timeout 400 python3 .gpu-tools/vs-llama.py --tandem $B --set "$SETS" 2>&1 | tee "$OUT/vs-llama.txt"
