@@ -1,7 +1,10 @@
 #include "thread_pool.h"
 
 #include <immintrin.h>
+#include <linux/futex.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -45,6 +48,20 @@ bool poll_until(int spin_us, Done done) {
   }
 }
 
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+              std::atomic<uint32_t>::is_always_lock_free);
+
+// Sleeps while *word == expected (the kernel checks it atomically with going to sleep).
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, nullptr,
+          nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr,
+          nullptr, 0);
+}
+
 }  // namespace
 
 int usable_cpu_count() {
@@ -62,11 +79,9 @@ ThreadPool::ThreadPool(int threads, int spin_us)
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_.store(true, std::memory_order_release);
-  }
-  job_ready_.notify_all();
+  stop_.store(true, std::memory_order_seq_cst);
+  generation_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&generation_);
   for (auto& w : workers_) w.join();
 }
 
@@ -91,29 +106,35 @@ void ThreadPool::run_part(int part) {
     if (!error_) error_ = std::current_exception();
   }
   tls_running_pool = nullptr;
-  if (parts_done_.fetch_add(1, std::memory_order_acq_rel) + 1 == size()) {
-    // The caller checks parts_done_ under mutex_ before it sleeps: taking the mutex here means
-    // it is either not yet checking (and will see the count) or already waiting (and is woken).
-    { std::lock_guard<std::mutex> lock(mutex_); }
-    job_done_.notify_one();
+  // Sequentially consistent with the caller's caller_sleeping_ store and parts_done_ load: either
+  // the caller sees the last part done, or this sees the caller asleep and wakes it.
+  if (parts_done_.fetch_add(1, std::memory_order_seq_cst) + 1 == uint32_t(size()) &&
+      caller_sleeping_.load(std::memory_order_seq_cst)) {
+    futex_wake_all(&parts_done_);
   }
 }
 
 void ThreadPool::worker_loop() {
   uint32_t seen = 0;
   auto job_published = [&] {
-    return generation_of(claims_.load(std::memory_order_acquire)) != seen ||
+    return generation_.load(std::memory_order_acquire) != seen ||
            stop_.load(std::memory_order_acquire);
   };
   for (;;) {
     if (!poll_until(spin_us_, job_published)) {
-      std::unique_lock<std::mutex> lock(mutex_);
-      job_ready_.wait(lock, job_published);
+      // Same pairing as for the caller: the publisher bumps generation_ and then reads
+      // sleeping_workers_; the futex rechecks the word, so a bump in between is not lost.
+      while (!job_published()) {
+        sleeping_workers_.fetch_add(1, std::memory_order_seq_cst);
+        const uint32_t now = generation_.load(std::memory_order_seq_cst);
+        if (now == seen && !stop_.load(std::memory_order_seq_cst)) futex_wait(&generation_, seen);
+        sleeping_workers_.fetch_sub(1, std::memory_order_seq_cst);
+      }
     }
     if (stop_.load(std::memory_order_acquire)) return;
     // A worker that woke late may find the job done, or a newer one; it only runs parts it
     // claims, and claims only parts of the job it read.
-    seen = generation_of(claims_.load(std::memory_order_acquire));
+    seen = generation_.load(std::memory_order_acquire);
     int part = 0;
     while (claim(seen, &part)) run_part(part);
   }
@@ -128,18 +149,22 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
   std::lock_guard<std::mutex> run_lock(run_mutex_);
   job_ = &fn;
   parts_done_.store(0, std::memory_order_relaxed);
-  const uint32_t generation = ++generation_;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);  // pairs with the predicate check of sleepers
-    claims_.store(uint64_t(generation) << 32, std::memory_order_release);
-  }
-  job_ready_.notify_all();
+  const uint32_t generation = generation_.load(std::memory_order_relaxed) + 1;
+  claims_.store(uint64_t(generation) << 32, std::memory_order_release);
+  generation_.store(generation, std::memory_order_seq_cst);
+  if (sleeping_workers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&generation_);
   int part = 0;
   while (claim(generation, &part)) run_part(part);
-  auto all_done = [&] { return parts_done_.load(std::memory_order_acquire) == size(); };
+  const uint32_t parts = uint32_t(size());
+  auto all_done = [&] { return parts_done_.load(std::memory_order_acquire) == parts; };
   if (!poll_until(spin_us_, all_done)) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    job_done_.wait(lock, all_done);
+    for (;;) {
+      caller_sleeping_.store(true, std::memory_order_seq_cst);
+      const uint32_t done = parts_done_.load(std::memory_order_seq_cst);
+      if (done == parts) break;
+      futex_wait(&parts_done_, done);
+    }
+    caller_sleeping_.store(false, std::memory_order_relaxed);
   }
   job_ = nullptr;
   std::exception_ptr error;

@@ -2,12 +2,11 @@
 // [0, size()) and returns when all are done. Parts are claimed, not assigned: the caller runs
 // every part that no worker has taken, so a job never waits for a worker that is not running
 // (descheduled on a busy or oversubscribed machine), only for parts already in progress.
-// Waiting threads poll briefly, yielding between polls, then sleep on a condition variable; a
-// pool with more threads than the CPUs it may run on does not poll.
+// Waiting threads poll briefly, yielding between polls, then sleep on a futex; a pool with more
+// threads than the CPUs it may run on does not poll.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -52,14 +51,15 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   const int spin_us_;
   std::mutex run_mutex_;  // one job at a time
-  std::mutex mutex_;      // guards sleeping: the job handoff and the completion
-  std::condition_variable job_ready_;
-  std::condition_variable job_done_;
+  // Futex words, so that no lock is shared on the handoff: a worker descheduled at any point
+  // (even mid-wait) cannot block the caller. generation_ bumps for every job and for stop.
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<uint32_t> parts_done_{0};
+  std::atomic<int> sleeping_workers_{0};
+  std::atomic<bool> caller_sleeping_{false};
   // The job's generation (high 32 bits) and its next unclaimed part (low 32 bits).
   std::atomic<uint64_t> claims_{0};
-  std::atomic<int> parts_done_{0};
   std::atomic<bool> stop_{false};
-  uint32_t generation_ = 0;                        // the caller's; guarded by run_mutex_
   const std::function<void(int)>* job_ = nullptr;  // published by claims_ (release)
   std::mutex error_mutex_;
   std::exception_ptr error_;
