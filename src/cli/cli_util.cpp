@@ -111,6 +111,50 @@ void Progress::finish() {
     std::fprintf(stderr, "\r%s\r", std::string(label_.size() + 40, ' ').c_str());
 }
 
+std::string process_escapes(std::string_view text) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\\' || i + 1 == text.size()) {
+      out += text[i];
+      continue;
+    }
+    const char c = text[++i];
+    switch (c) {
+      case 'n':
+        out += '\n';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case '\'':
+      case '"':
+      case '\\':
+        out += c;
+        break;
+      case 'x':
+        if (i + 2 < text.size() && hex(text[i + 1]) >= 0 && hex(text[i + 2]) >= 0) {
+          out += char(hex(text[i + 1]) * 16 + hex(text[i + 2]));
+          i += 2;
+          break;
+        }
+        [[fallthrough]];
+      default:
+        out += '\\';
+        out += c;
+    }
+  }
+  return out;
+}
+
 MeanStd mean_std(const std::vector<double>& values) {
   MeanStd r;
   if (values.empty()) return r;

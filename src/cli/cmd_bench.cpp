@@ -1,15 +1,15 @@
 // `tandem bench`: prompt-processing and generation throughput like llama-bench (random tokens,
-// no sampling), several strategies side by side, mean and spread over repetitions.
+// no sampling), several strategies and -ngl values side by side; every test has an untimed
+// warm-up run, then avg ± stddev over the timed repetitions.
 #include <CLI/CLI.hpp>
 
-#include <chrono>
-#include <cstdio>
+#include <algorithm>
 #include <iostream>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
+#include "bench_report.h"
 #include "cli_util.h"
 #include "commands_impl.h"
 #include "engine.h"
@@ -20,18 +20,6 @@
 namespace tandem::cli {
 
 namespace {
-
-struct BenchResult {
-  std::string strategy, test, placement;
-  int n_prompt = 0, n_gen = 0;
-  std::vector<double> tokens_per_s;
-};
-
-double time_s(const std::function<void()>& f) {
-  auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 std::vector<std::string> default_strategies() {
   std::vector<std::string> s{"cpu"};
@@ -45,125 +33,141 @@ std::vector<std::string> default_strategies() {
   return s;
 }
 
+struct BenchOptions {
+  EngineFlags engine;
+  std::vector<std::string> strategies;
+  std::vector<int> n_prompt{512}, n_gen{128};
+  int reps = 5;
+  std::string output = "md";
+  uint64_t seed = 1;
+  bool stats = false;
+};
+
+// The tests of one engine: ppN evaluates N random tokens at once, tgN generates N one by one.
+struct BenchTest {
+  std::string name;
+  int n_prompt = 0, n_gen = 0;
+};
+
+std::vector<BenchTest> bench_tests(const BenchOptions& o) {
+  std::vector<BenchTest> tests;
+  for (int p : o.n_prompt) {
+    if (p > 0) tests.push_back({"pp" + std::to_string(p), p, 0});
+  }
+  for (int n : o.n_gen) {
+    if (n > 0) tests.push_back({"tg" + std::to_string(n), 0, n});
+  }
+  return tests;
+}
+
+// Runs one test once on `engine` with tokens drawn from `rng`.
+void run_test(Engine& engine, const BenchTest& test, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> token(0, int32_t(engine.config().n_vocab - 1));
+  engine.reset();
+  if (test.n_prompt > 0) {
+    std::vector<int32_t> prompt(size_t(test.n_prompt));
+    for (auto& t : prompt) t = token(rng);
+    engine.eval(prompt);
+    return;
+  }
+  int32_t t = token(rng);
+  for (int i = 0; i < test.n_gen; ++i) {
+    engine.eval(std::span<const int32_t>(&t, 1));
+    t = token(rng);
+  }
+}
+
+int run_bench(const BenchOptions& o) {
+  const auto& formats = bench_output_formats();
+  TANDEM_CHECK_ARG(std::find(formats.begin(), formats.end(), o.output) != formats.end(),
+                   "-o/--output-format", "must be md, csv, json or jsonl (got " + o.output + ")");
+  for (int v : o.n_prompt) TANDEM_CHECK_ARG(v >= 0, "--n-prompt", "must be >= 0");
+  for (int v : o.n_gen) TANDEM_CHECK_ARG(v >= 0, "--n-gen", "must be >= 0");
+  const std::vector<BenchTest> tests = bench_tests(o);
+  TANDEM_CHECK_ARG(!tests.empty(), "--n-prompt/--n-gen",
+                   "need a positive prompt or generation length");
+  TANDEM_CHECK_ARG(o.reps >= 1 && o.reps <= 1000, "--repetitions", "must be in [1, 1000]");
+  const std::vector<std::string> strategies =
+      o.strategies.empty() ? default_strategies() : o.strategies;
+  const size_t ngl_count = std::max<size_t>(1, o.engine.n_gpu_layers.size());
+  int max_tokens = 1;
+  for (const auto& t : tests) max_tokens = std::max(max_tokens, t.n_prompt + t.n_gen);
+  // Every flag is checked before the first model load.
+  for (const auto& strategy : strategies) {
+    for (size_t i = 0; i < ngl_count; ++i) o.engine.to_options(strategy, i);
+  }
+
+  std::vector<BenchResult> results;
+  std::ostringstream summaries;
+  std::mt19937 rng(uint32_t(o.seed));
+  for (const auto& strategy : strategies) {
+    for (size_t ngl_index = 0; ngl_index < ngl_count; ++ngl_index) {
+      EngineOptions eo = o.engine.to_options(strategy, ngl_index);
+      if (eo.n_ctx == 0) eo.n_ctx = max_tokens + 1;
+      std::string label = strategy;
+      if (eo.n_gpu_layers) label += " ngl " + std::to_string(*eo.n_gpu_layers);
+      {
+        Engine engine(eo);  // timing off: the timed figures never include per-op timing
+        const std::string model =
+            engine.config().name + " " + std::to_string(engine.config().n_layer) + "L";
+        Progress progress("bench " + label, tests.size());
+        for (size_t t = 0; t < tests.size(); ++t) {
+          BenchResult r{model,           strategy,          tests[t].name,  "",
+                        eo.n_gpu_layers, tests[t].n_prompt, tests[t].n_gen, {}};
+          r.seconds = time_test(o.reps, [&] { run_test(engine, tests[t], rng); });
+          r.placement = engine.placement_summary();
+          results.push_back(r);
+          progress.update(t + 1);
+        }
+        progress.finish();
+        summaries << "### strategy " << label << "\n" << engine.placement_summary() << "\n";
+        if (!o.stats) engine.executor().telemetry().print_debug_summary(summaries);
+      }
+      if (o.stats) {
+        // A separate, untimed pass with per-op timing (it synchronizes after every op).
+        eo.timing = TimingMode::PerOp;
+        Engine engine(eo);
+        for (const auto& test : tests) run_test(engine, test, rng);
+        summaries << "per-op times from one untimed run of every test:\n";
+        engine.executor().telemetry().print_debug_summary(summaries);
+      }
+      summaries << "\n";
+    }
+  }
+  std::cout << format_bench_results(results, o.output);
+  if (o.output == "md") std::cout << summaries.str();
+  return 0;
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("bench", "Measure prompt and generation throughput per strategy");
-  struct Opts {
-    EngineFlags engine;
-    std::vector<std::string> strategies;
-    int n_prompt = 512, n_gen = 128, reps = 5;
-    std::string output = "md";
-    uint64_t seed = 1;
-  };
-  auto o = std::make_shared<Opts>();
-  o->engine.add(*cmd);
-  cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens (0: skip the prompt test)")
+  auto o = std::make_shared<BenchOptions>();
+  o->engine.add(*cmd, /*model_required=*/true, /*list_of_ngl=*/true);
+  cmd->add_option("-p,--n-prompt", o->n_prompt,
+                  "Prompt tokens, a comma list like llama-bench (0: no prompt test)")
+      ->delimiter(',')
       ->capture_default_str();
-  cmd->add_option("-n,--n-gen", o->n_gen, "Generated tokens (0: skip the generation test)")
+  cmd->add_option("-n,--n-gen", o->n_gen,
+                  "Generated tokens, a comma list like llama-bench (0: no generation test)")
+      ->delimiter(',')
       ->capture_default_str();
-  cmd->add_option("-r,--repetitions", o->reps, "Repetitions of each test")->capture_default_str();
+  cmd->add_option("-r,--repetitions", o->reps,
+                  "Timed repetitions of each test (after one untimed warm-up run)")
+      ->capture_default_str();
   cmd->add_option("--strategy", o->strategies,
                   "Strategies to compare (repeat or comma-separate): gpu, cpu, auto, only:BACKEND "
                   "(default: cpu, gpu where a GPU is present, auto)")
       ->delimiter(',');
-  cmd->add_option("--output-format", o->output, "md or json")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed of the random tokens")->capture_default_str();
-  cmd->callback([&run, o]() {
-    run = [o]() {
-      TANDEM_CHECK_ARG(o->output == "md" || o->output == "json", "--output-format",
-                       "must be md or json (got " + o->output + ")");
-      TANDEM_CHECK_ARG(o->n_prompt >= 0 && o->n_gen >= 0 && (o->n_prompt + o->n_gen) > 0,
-                       "--n-prompt/--n-gen", "need a positive prompt or generation length");
-      TANDEM_CHECK_ARG(o->reps >= 1 && o->reps <= 1000, "--repetitions", "must be in [1, 1000]");
-      std::vector<std::string> strategies =
-          o->strategies.empty() ? default_strategies() : o->strategies;
-      std::vector<BenchResult> results;
-      std::ostringstream summaries;
-      std::mt19937 rng(uint32_t(o->seed));
-      std::string model_desc;
-      for (const auto& strategy : strategies) {
-        EngineOptions eo = o->engine.to_options(strategy);
-        if (eo.n_ctx == 0) eo.n_ctx = std::max(o->n_prompt, 1) + o->n_gen + 1;
-        eo.record_events = true;
-        Engine engine(eo);
-        if (model_desc.empty()) {
-          model_desc = engine.config().name + " " + std::to_string(engine.config().n_layer) + "L";
-        }
-        std::uniform_int_distribution<int32_t> token(0, int32_t(engine.config().n_vocab - 1));
-        std::vector<int32_t> prompt(size_t(std::max(o->n_prompt, 1)));
-        for (auto& t : prompt) t = token(rng);
-        Progress progress("bench " + strategy, uint64_t(o->reps + 1) * 2);
-        uint64_t step = 0;
-        auto run_prompt = [&]() {
-          engine.reset();
-          engine.eval(std::span<const int32_t>(prompt.data(), size_t(o->n_prompt)));
-        };
-        auto run_gen = [&]() {
-          engine.reset();
-          int32_t t = prompt[0];
-          for (int i = 0; i < o->n_gen; ++i) {
-            engine.eval(std::span<const int32_t>(&t, 1));
-            t = token(rng);
-          }
-        };
-        if (o->n_prompt > 0) {
-          BenchResult r{strategy, "pp" + std::to_string(o->n_prompt), "", o->n_prompt, 0, {}};
-          run_prompt();  // warm-up: uploads weights, builds plans
-          progress.update(++step);
-          for (int i = 0; i < o->reps; ++i) {
-            r.tokens_per_s.push_back(o->n_prompt / time_s(run_prompt));
-            progress.update(++step);
-          }
-          r.placement = engine.placement_summary();
-          results.push_back(r);
-        }
-        if (o->n_gen > 0) {
-          BenchResult r{strategy, "tg" + std::to_string(o->n_gen), "", 0, o->n_gen, {}};
-          run_gen();
-          progress.update(++step);
-          for (int i = 0; i < o->reps; ++i) {
-            r.tokens_per_s.push_back(o->n_gen / time_s(run_gen));
-            progress.update(++step);
-          }
-          r.placement = engine.placement_summary();
-          results.push_back(r);
-        }
-        progress.finish();
-        summaries << "### strategy " << strategy << "\n" << engine.placement_summary() << "\n";
-        engine.executor().telemetry().print_debug_summary(summaries);
-        summaries << "\n";
-      }
-      if (o->output == "json") {
-        nlohmann::json j = nlohmann::json::array();
-        for (const auto& r : results) {
-          MeanStd ms = mean_std(r.tokens_per_s);
-          j.push_back({{"model", o->engine.model},
-                       {"strategy", r.strategy},
-                       {"test", r.test},
-                       {"n_prompt", r.n_prompt},
-                       {"n_gen", r.n_gen},
-                       {"repetitions", o->reps},
-                       {"samples_ts", r.tokens_per_s},
-                       {"avg_ts", ms.mean},
-                       {"stddev_ts", ms.stddev},
-                       {"placement", r.placement}});
-        }
-        std::cout << j.dump(2) << "\n";
-        return 0;
-      }
-      std::vector<std::vector<std::string>> rows;
-      for (const auto& r : results) {
-        MeanStd ms = mean_std(r.tokens_per_s);
-        char ts[64];
-        std::snprintf(ts, sizeof ts, "%.2f ± %.2f", ms.mean, ms.stddev);
-        rows.push_back({model_desc, r.strategy, r.placement, r.test, ts});
-      }
-      std::cout << markdown_table({"model", "strategy", "placement", "test", "t/s"}, rows) << "\n";
-      std::cout << summaries.str();
-      return 0;
-    };
-  });
+  cmd->add_option("-o,--output-format,--output", o->output,
+                  "Output format as llama-bench's -o: md, csv, json or jsonl")
+      ->capture_default_str();
+  cmd->add_option("-s,--seed", o->seed, "Seed of the random tokens")->capture_default_str();
+  cmd->add_flag("--stats", o->stats,
+                "After the timed runs, time every op in one separate untimed run of every test "
+                "and print the per-op summary");
+  cmd->callback([&run, o]() { run = [o]() { return run_bench(*o); }; });
 }
 
 }  // namespace tandem::cli

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <random>
 
 #include "cli_util.h"
 #include "commands_impl.h"
@@ -34,18 +35,23 @@ void add_run(CLI::App& app, std::function<int()>& run) {
     EngineFlags engine;
     std::string prompt, strategy = "gpu", trace;
     int n_predict = 64;
-    uint64_t seed = 0;
+    int64_t seed = 0;
     float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
     int top_k = 40;
-    bool stats = false, no_bos = false, greedy = false;
+    bool stats = false, no_bos = false, greedy = false, escape = false;
   };
   auto o = std::make_shared<Opts>();
   o->engine.add(*cmd);
   cmd->add_option("-p,--prompt", o->prompt, "Prompt text")->required();
-  cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->capture_default_str();
+  cmd->add_flag("-e,--escape", o->escape,
+                "Process escapes in the prompt like llama.cpp: \\n \\r \\t \\' \\\" \\\\ \\xHH");
+  cmd->add_option("-n,--n-predict", o->n_predict,
+                  "Tokens to generate (-1: until the end of sequence or the context is full)")
+      ->capture_default_str();
   cmd->add_option("--strategy", o->strategy, "gpu, cpu, auto or only:BACKEND")
       ->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("-s,--seed", o->seed, "Sampling seed (-1: a random seed, printed)")
+      ->capture_default_str();
   cmd->add_option("--temp", o->temp, "Temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--top-k", o->top_k, "Top-k (0: off)")->capture_default_str();
   cmd->add_option("--top-p", o->top_p, "Top-p (1: off)")->capture_default_str();
@@ -58,11 +64,16 @@ void add_run(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--stats", o->stats, "Time every op (synchronizes; slower) for the summary");
   cmd->callback([&run, o]() {
     run = [o]() {
-      TANDEM_CHECK_ARG(o->n_predict >= 0, "--n-predict", "must be >= 0");
+      TANDEM_CHECK_ARG(o->n_predict >= -1, "--n-predict",
+                       "must be >= 0, or -1 to generate until the end of sequence or context "
+                       "(got " +
+                           std::to_string(o->n_predict) + ")");
+      TANDEM_CHECK_ARG(o->seed >= -1, "--seed", "must be >= 0, or -1 for a random seed");
+      const std::string prompt_text = o->escape ? process_escapes(o->prompt) : o->prompt;
       EngineOptions eo = o->engine.to_options(o->strategy);
       eo.timing = o->stats || !o->trace.empty() ? TimingMode::PerOp : TimingMode::Off;
       SamplerParams sp;
-      sp.seed = o->seed;
+      sp.seed = o->seed == -1 ? std::random_device{}() : uint64_t(o->seed);
       sp.temperature = o->greedy ? 0.0f : o->temp;
       sp.top_k = o->top_k;
       sp.top_p = o->top_p;
@@ -72,19 +83,21 @@ void add_run(CLI::App& app, std::function<int()>& run) {
       Engine engine(eo);
       EncodeOptions enc;
       enc.add_bos = !o->no_bos;
-      std::vector<int32_t> prompt = engine.tokenizer().encode(o->prompt, enc);
+      std::vector<int32_t> prompt = engine.tokenizer().encode(prompt_text, enc);
       TANDEM_CHECK_ARG(!prompt.empty(), "--prompt", "the prompt has no tokens");
       TokenStream stream(engine.tokenizer());
-      std::fputs(o->prompt.c_str(), stdout);
-      std::fflush(stdout);
 
       auto t0 = std::chrono::steady_clock::now();
       std::span<const float> logits = engine.eval(prompt);
       const double prompt_s = seconds_since(t0);
+      // Echoed once the prompt has run: an error (e.g. --strict) leaves stdout empty.
+      std::fputs(prompt_text.c_str(), stdout);
+      std::fflush(stdout);
       for (int32_t t : prompt) sampler.accept(t);
       int generated = 0;
       auto t1 = std::chrono::steady_clock::now();
-      for (; generated < o->n_predict; ++generated) {
+      const bool until_end = o->n_predict == -1;
+      for (; until_end || generated < o->n_predict; ++generated) {
         int32_t next = sampler.sample(logits);
         sampler.accept(next);
         if (engine.tokenizer().is_end_of_generation(next)) break;
@@ -104,6 +117,7 @@ void add_run(CLI::App& app, std::function<int()>& run) {
                    prompt_s, double(prompt.size()) / prompt_s);
       std::fprintf(stderr, "generation: %d tokens in %.3f s (%.1f tokens/s)\n", generated, gen_s,
                    generated > 0 ? double(generated) / gen_s : 0.0);
+      if (o->seed == -1) std::fprintf(stderr, "seed: %llu\n", (unsigned long long)sp.seed);
       std::fprintf(stderr, "placement: %s\n", engine.placement_summary().c_str());
       engine.executor().telemetry().print_debug_summary(std::cerr);
       if (!o->trace.empty()) {

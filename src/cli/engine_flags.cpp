@@ -1,29 +1,67 @@
 #include "engine_flags.h"
 
+#include <algorithm>
+
 #include "cli_util.h"
 #include "commands_impl.h"
 #include "tandem/error.h"
+#include "tandem/registry.h"
 
 namespace tandem::cli {
 
-void EngineFlags::add(CLI::App& cmd, bool model_required) {
+namespace {
+
+bool gpu_present() {
+  auto ids = available_backend_ids();
+  return std::any_of(ids.begin(), ids.end(),
+                     [](const std::string& id) { return id.rfind("cuda:", 0) == 0; });
+}
+
+// --strict turns every fallback into an error; on a machine without a GPU a GPU placement can
+// only fall back, so say so before loading the model (and before anything is printed).
+void check_strict_has_gpu(const std::string& strategy, const EngineOptions& o) {
+  const bool wants_gpu = strategy == "gpu" || (o.n_gpu_layers && *o.n_gpu_layers > 0);
+  if (!o.strict || !wants_gpu || gpu_present()) return;
+  std::string backends;
+  for (const auto& id : available_backend_ids()) backends += (backends.empty() ? "" : ", ") + id;
+  throw_error(ErrorCode::InvalidArgument, "--strict",
+              "no GPU on this machine (backends: " + backends + "), so strategy '" + strategy +
+                  "' can only fall back to the CPU; use --strategy cpu, or drop --strict to "
+                  "allow the fallback");
+}
+
+}  // namespace
+
+void EngineFlags::add(CLI::App& cmd, bool model_required, bool list_of_ngl) {
+  ngl_list = list_of_ngl;
   auto* m = cmd.add_option("-m,--model", model, "GGUF model file");
   if (model_required) m->required();
   cmd.add_option("--gpu-mem", gpu_mem,
                  "Memory each GPU may hold for weights and KV cache (e.g. 6GiB); the rest runs "
                  "on the CPU");
   cmd.add_option("-t,--threads", threads, "CPU threads (0: physical cores)");
-  cmd.add_option("--n-gpu-layers,--ngl", n_gpu_layers,
-                 "Like llama.cpp -ngl: layers >= N, the embedding and (below n_layer + 1) the "
-                 "output run on the CPU");
+  auto* ngl = cmd.add_option("--n-gpu-layers,--ngl", n_gpu_layers,
+                             std::string("-ngl N, like llama.cpp: layers >= N, the embedding and "
+                                         "(below n_layer + 1) the output run on the CPU") +
+                                 (ngl_list ? "; a comma list runs each (-ngl 0,16,24)" : ""));
+  if (ngl_list) {
+    ngl->delimiter(',');
+  } else {
+    ngl->expected(1);
+  }
   cmd.add_option("-c,--ctx-size", ctx, "KV cache length in tokens (0: min(trained, 4096))");
   cmd.add_option("--kv-type", kv_type, "KV cache type: f16 or f32")->capture_default_str();
-  cmd.add_option("-o,--override-tensor", overrides,
-                 "Pin weights to a backend: REGEX=BACKEND (e.g. 'blk\\.[0-9]+\\.ffn_.*=cpu')");
+  cmd.add_option("--override-tensor", overrides,
+                 "-ot REGEX=BACKEND: pin weights to a backend (e.g. 'blk\\.[0-9]+\\.ffn_.*=cpu')");
+  cmd.add_option("--flash-attn", flash_attn,
+                 "-fa [on|1|auto]: accepted for llama.cpp compatibility: Tandem's attention is "
+                 "always fused (flash-attention style); off is not supported")
+      ->expected(0, 1)
+      ->default_str("on");
   cmd.add_flag("--strict", strict, "Fail instead of falling back to another backend");
 }
 
-EngineOptions EngineFlags::to_options(const std::string& strategy) const {
+EngineOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_index) const {
   EngineOptions o;
   o.model_path = model;
   o.strategy = strategy;
@@ -31,11 +69,18 @@ EngineOptions EngineFlags::to_options(const std::string& strategy) const {
   TANDEM_CHECK_ARG(threads >= 0 && threads <= 1024, "--threads", "must be in [0, 1024]");
   TANDEM_CHECK_ARG(ctx >= 0, "--ctx-size", "must be >= 0");
   o.n_ctx = ctx;
-  if (n_gpu_layers != -1) {
-    TANDEM_CHECK_ARG(n_gpu_layers >= 0, "--n-gpu-layers",
-                     "must be >= 0 (got " + std::to_string(n_gpu_layers) + ")");
-    o.n_gpu_layers = n_gpu_layers;
+  TANDEM_CHECK_ARG(ngl_list || n_gpu_layers.size() <= 1, "--n-gpu-layers",
+                   "takes one value here (lists are for bench)");
+  if (!n_gpu_layers.empty()) {
+    const int ngl = n_gpu_layers.at(ngl_index);
+    TANDEM_CHECK_ARG(ngl >= 0, "--n-gpu-layers", "must be >= 0 (got " + std::to_string(ngl) + ")");
+    o.n_gpu_layers = ngl;
   }
+  const std::vector<std::string> fused{"", "on", "1", "true", "auto"};
+  TANDEM_CHECK_ARG(std::find(fused.begin(), fused.end(), flash_attn) != fused.end(), "--flash-attn",
+                   "'" + flash_attn +
+                       "' is not supported: Tandem's attention is always fused (flash-attention "
+                       "style); use on, 1 or auto, or leave the flag out");
   o.strict = strict;
   o.kv_dtype = parse_dtype(kv_type, "--kv-type");
   TANDEM_CHECK_ARG(o.kv_dtype == DType::F16 || o.kv_dtype == DType::F32, "--kv-type",
@@ -47,6 +92,7 @@ EngineOptions EngineFlags::to_options(const std::string& strategy) const {
                      "expected REGEX=BACKEND (got '" + ov + "')");
     o.pins.push_back(TensorPin{ov.substr(0, eq), ov.substr(eq + 1)});
   }
+  check_strict_has_gpu(strategy, o);
   return o;
 }
 

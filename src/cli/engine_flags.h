@@ -1,4 +1,5 @@
-// Flags shared by run, bench and logits: backends, placement and memory.
+// Flags shared by run, bench and logits: backends, placement and memory, spelled as llama.cpp
+// spells them where it has them (-ngl, -ot, -fa, -c, -t).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -15,14 +16,18 @@ struct EngineFlags {
   std::string gpu_mem;
   std::vector<std::string> overrides;  // "pattern=backend"
   std::string kv_type = "f16";
+  std::string flash_attn;  // "" (not given), on, 1, true, auto; off is refused
   int threads = 0;
-  int n_gpu_layers = -1;  // -1: unset
+  std::vector<int> n_gpu_layers;  // empty: unset; several only where lists are allowed (bench)
   int64_t ctx = 0;
   bool strict = false;
+  bool ngl_list = false;  // set by add()
 
-  void add(CLI::App& cmd, bool model_required = true);
-  // Options for one strategy; validates every value and names the flag at fault.
-  EngineOptions to_options(const std::string& strategy) const;
+  // ngl_list: -ngl takes a comma list (bench runs every value).
+  void add(CLI::App& cmd, bool model_required = true, bool list_of_ngl = false);
+  // Options for one strategy and one -ngl value (index into n_gpu_layers); validates every
+  // value and names the flag at fault, before any model is loaded.
+  EngineOptions to_options(const std::string& strategy, size_t ngl_index = 0) const;
 };
 
 }  // namespace tandem::cli

@@ -5,6 +5,7 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "commands.h"
 #include "tandem/error.h"
@@ -16,8 +17,21 @@ int main(int argc, char** argv) {
   std::function<int()> run;
   tandem::cli::add_commands(app, run);
   // llama.cpp spells some flags with one dash and several letters; CLI11 wants two dashes.
+  const std::pair<const char*, const char*> llama_spellings[] = {
+      {"-ngl", "--ngl"}, {"-fa", "--flash-attn"}, {"-ot", "--override-tensor"}};
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "-ngl") argv[i] = const_cast<char*>("--ngl");
+    for (const auto& [llama, ours] : llama_spellings) {
+      if (std::string(argv[i]) == llama) argv[i] = const_cast<char*>(ours);
+    }
+    // -o was run's tensor override before; llama.cpp's is -ot (bench's -o is the format).
+    const std::string sub = argv[1];
+    if ((sub == "run" || sub == "logits") && std::string(argv[i]) == "-o") {
+      std::fprintf(stderr,
+                   "tandem: error: -o: %s has no -o; the tensor override is -ot/--override-tensor "
+                   "(bench's -o is the output format)\n",
+                   argv[1]);
+      return 2;
+    }
   }
   std::string known;
   bool is_known = false;

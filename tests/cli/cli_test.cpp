@@ -2,8 +2,6 @@
 // malformed models give one clear line and a non-zero exit; bench prints its table and valid
 // JSON; greedy runs give the same tokens on every strategy.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -13,54 +11,17 @@
 #include <string>
 #include <vector>
 
+#include "cli_harness.h"
 #include "engine.h"
 #include "tandem/model/sampler.h"
 
 namespace {
 
+using cli_test::lines;
+using cli_test::Result;
+using cli_test::tandem;
+using cli_test::tiny_model;
 namespace fs = std::filesystem;
-
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-// Runs the tandem binary with a shell command line; captures stdout and stderr separately.
-Result tandem(const std::string& args) {
-  static int counter = 0;
-  fs::path dir = fs::temp_directory_path() / ("tandem_cli_test_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  std::string out = (dir / ("out" + std::to_string(counter))).string();
-  std::string err = (dir / ("err" + std::to_string(counter++))).string();
-  std::string cmd = std::string(TANDEM_BIN) + " " + args + " >" + out + " 2>" + err + " </dev/null";
-  int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  auto slurp = [](const std::string& p) {
-    std::ifstream f(p);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
-
-size_t lines(const std::string& s) {
-  size_t n = 0;
-  for (char c : s) n += c == '\n';
-  return n + (!s.empty() && s.back() != '\n');
-}
-
-const std::string& tiny_model() {
-  static std::string path;
-  if (path.empty()) {
-    path = (fs::temp_directory_path() / ("tandem_cli_tiny_" + std::to_string(getpid()) + ".gguf"))
-               .string();
-    Result r = tandem("synth --preset tiny --type f32 --seed 3 -o " + path);
-    EXPECT_EQ(r.code, 0) << r.err;
-  }
-  return path;
-}
 
 TEST(Cli, EverySubcommandHasHelp) {
   for (std::string sub :
@@ -91,6 +52,7 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
       {"run -m " + junk.string() + " -p hi", junk.string()},
       {"bench -m " + m + " --strategy warp-drive", "warp-drive"},
       {"bench -m " + m + " --output-format xml", "--output-format"},
+      {"bench -m " + m + " -o sql", "-o/--output-format"},
       {"run -m " + m + " -p hi --gpu-mem lots", "--gpu-mem"},
       {"run -m " + m + " -p hi --kv-type q4_0", "--kv-type"},
       {"run -m " + m + " -p hi --strategy only:cuda:7", "cuda:7"},
@@ -98,7 +60,7 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
       {"logits -m " + m + " --tokens 1,99999 --out /tmp/x.bin", "99999"},
       {"detokenize -m " + m + " 1 2 999999", "999999"},
       {"synth --preset huge -o /tmp/x.gguf", "huge"},
-      {"run -m " + m + " -p hi -o 'blk\\.0\\..*'", "--override-tensor"},
+      {"run -m " + m + " -p hi -ot 'blk\\.0\\..*'", "--override-tensor"},
   };
   for (const auto& c : cases) {
     Result r = tandem(c.args);

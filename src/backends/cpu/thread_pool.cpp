@@ -1,6 +1,10 @@
 #include "thread_pool.h"
 
 #include <immintrin.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,97 +16,163 @@ namespace tandem::cpu {
 
 namespace {
 
-thread_local const ThreadPool* tls_running_pool = nullptr;  // set while a task runs
+thread_local const ThreadPool* tls_running_pool = nullptr;  // set while a part runs
 
 using Clock = std::chrono::steady_clock;
-constexpr int kCallerSpinPolls = 1 << 14;
+// Polls between yields: a pause is ~10-100 cycles, a yield a system call.
+constexpr int kPollsPerYield = 16;
+
+uint32_t generation_of(uint64_t claims) {
+  return uint32_t(claims >> 32);
+}
+uint32_t next_part_of(uint64_t claims) {
+  return uint32_t(claims);
+}
+
+// Polls done() for up to spin_us; true once it holds. Between bursts of polls the thread yields,
+// so that a thread it waits for on the same CPU runs now rather than when the poller is
+// preempted.
+template <typename Done>
+bool poll_until(int spin_us, Done done) {
+  if (done()) return true;
+  if (spin_us <= 0) return false;
+  const auto deadline = Clock::now() + std::chrono::microseconds(spin_us);
+  for (int polls = 1;; ++polls) {
+    if (done()) return true;
+    if (polls % kPollsPerYield != 0) {
+      _mm_pause();
+      continue;
+    }
+    if (Clock::now() >= deadline) return done();
+    std::this_thread::yield();
+  }
+}
+
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+              std::atomic<uint32_t>::is_always_lock_free);
+
+// Sleeps while *word == expected (the kernel checks it atomically with going to sleep).
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, nullptr,
+          nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr,
+          nullptr, 0);
+}
 
 }  // namespace
 
-ThreadPool::ThreadPool(int threads, int spin_us) : spin_us_(std::max(0, spin_us)) {
+int usable_cpu_count() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, int(std::thread::hardware_concurrency()));
+}
+
+ThreadPool::ThreadPool(int threads, int spin_us)
+    : spin_us_(threads > usable_cpu_count() ? 0 : std::max(0, spin_us)) {
   TANDEM_CHECK_ARG(threads >= 1, "cpu thread_pool",
                    "thread count must be >= 1 (got " + std::to_string(threads) + ")");
   workers_.reserve(size_t(threads - 1));
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_.store(true, std::memory_order_release);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
-  }
-  wake_.notify_all();
+  stop_.store(true, std::memory_order_seq_cst);
+  generation_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&generation_);
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::worker_loop(int index) {
-  uint64_t seen = 0;
+bool ThreadPool::claim(uint32_t generation, int* part) {
+  uint64_t claims = claims_.load(std::memory_order_acquire);
+  while (generation_of(claims) == generation && next_part_of(claims) < uint32_t(size())) {
+    if (claims_.compare_exchange_weak(claims, claims + 1, std::memory_order_acq_rel,
+                                      std::memory_order_acquire)) {
+      *part = int(next_part_of(claims));
+      return true;
+    }
+  }
+  return false;
+}
+
+void ThreadPool::run_part(int part) {
+  tls_running_pool = this;
+  try {
+    (*job_)(part);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    if (!error_) error_ = std::current_exception();
+  }
+  tls_running_pool = nullptr;
+  // Sequentially consistent with the caller's caller_sleeping_ store and parts_done_ load: either
+  // the caller sees the last part done, or this sees the caller asleep and wakes it.
+  if (parts_done_.fetch_add(1, std::memory_order_seq_cst) + 1 == uint32_t(size()) &&
+      caller_sleeping_.load(std::memory_order_seq_cst)) {
+    futex_wake_all(&parts_done_);
+  }
+}
+
+void ThreadPool::worker_loop() {
+  uint32_t seen = 0;
+  auto job_published = [&] {
+    return generation_.load(std::memory_order_acquire) != seen ||
+           stop_.load(std::memory_order_acquire);
+  };
   for (;;) {
-    uint64_t gen = generation_.load(std::memory_order_acquire);
-    if (gen == seen) {
-      const auto spin_until = Clock::now() + std::chrono::microseconds(spin_us_);
-      int polls = 0;
-      while ((gen = generation_.load(std::memory_order_acquire)) == seen) {
-        _mm_pause();
-        if (++polls % 64 == 0 && Clock::now() >= spin_until) {
-          std::unique_lock<std::mutex> lock(mutex_);
-          wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
-        }
+    if (!poll_until(spin_us_, job_published)) {
+      // Same pairing as for the caller: the publisher bumps generation_ and then reads
+      // sleeping_workers_; the futex rechecks the word, so a bump in between is not lost.
+      while (!job_published()) {
+        sleeping_workers_.fetch_add(1, std::memory_order_seq_cst);
+        const uint32_t now = generation_.load(std::memory_order_seq_cst);
+        if (now == seen && !stop_.load(std::memory_order_seq_cst)) futex_wait(&generation_, seen);
+        sleeping_workers_.fetch_sub(1, std::memory_order_seq_cst);
       }
     }
-    seen = gen;
     if (stop_.load(std::memory_order_acquire)) return;
-    tls_running_pool = this;
-    try {
-      (*job_)(index);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex_);
-      if (!error_) error_ = std::current_exception();
-    }
-    tls_running_pool = nullptr;
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    // A worker that woke late may find the job done, or a newer one; it only runs parts it
+    // claims, and claims only parts of the job it read.
+    seen = generation_.load(std::memory_order_acquire);
+    int part = 0;
+    while (claim(seen, &part)) run_part(part);
   }
 }
 
 void ThreadPool::run(const std::function<void(int)>& fn) {
   if (workers_.empty() || tls_running_pool == this) {
-    // Single thread, or a nested call from inside a task: run every part here.
+    // Single thread, or a nested call from inside a part: run every part here.
     for (int t = 0; t < size(); ++t) fn(t);
     return;
   }
   std::lock_guard<std::mutex> run_lock(run_mutex_);
   job_ = &fn;
-  pending_.store(int(workers_.size()), std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);  // pairs with the predicate check of sleepers
-    generation_.fetch_add(1, std::memory_order_acq_rel);
-  }
-  wake_.notify_all();
-  std::exception_ptr caller_error;
-  tls_running_pool = this;
-  try {
-    fn(0);
-  } catch (...) {
-    caller_error = std::current_exception();
-  }
-  tls_running_pool = nullptr;
-  // Workers may be descheduled on a busy machine; stop burning the core after a while.
-  for (int polls = 0; pending_.load(std::memory_order_acquire) != 0; ++polls) {
-    if (polls < kCallerSpinPolls) {
-      _mm_pause();
-    } else {
-      std::this_thread::yield();
+  parts_done_.store(0, std::memory_order_relaxed);
+  const uint32_t generation = generation_.load(std::memory_order_relaxed) + 1;
+  claims_.store(uint64_t(generation) << 32, std::memory_order_release);
+  generation_.store(generation, std::memory_order_seq_cst);
+  if (sleeping_workers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&generation_);
+  int part = 0;
+  while (claim(generation, &part)) run_part(part);
+  const uint32_t parts = uint32_t(size());
+  auto all_done = [&] { return parts_done_.load(std::memory_order_acquire) == parts; };
+  if (!poll_until(spin_us_, all_done)) {
+    for (;;) {
+      caller_sleeping_.store(true, std::memory_order_seq_cst);
+      const uint32_t done = parts_done_.load(std::memory_order_seq_cst);
+      if (done == parts) break;
+      futex_wait(&parts_done_, done);
     }
+    caller_sleeping_.store(false, std::memory_order_relaxed);
   }
   job_ = nullptr;
-  std::exception_ptr worker_error;
+  std::exception_ptr error;
   {
     std::lock_guard<std::mutex> lock(error_mutex_);
-    worker_error = std::exchange(error_, nullptr);
+    error = std::exchange(error_, nullptr);
   }
-  if (caller_error) std::rethrow_exception(caller_error);
-  if (worker_error) std::rethrow_exception(worker_error);
+  if (error) std::rethrow_exception(error);
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain,

@@ -1,10 +1,12 @@
-// A persistent pool of worker threads. run(fn) calls fn(t) for every t in [0, size()), t = 0
-// on the calling thread, and returns when all are done. Workers spin briefly between jobs
-// (decode issues many small ops back to back), then sleep on a condition variable.
+// A persistent pool of worker threads. run(fn) calls fn(t) once for every part t in
+// [0, size()) and returns when all are done. Parts are claimed, not assigned: the caller runs
+// every part that no worker has taken, so a job never waits for a worker that is not running
+// (descheduled on a busy or oversubscribed machine), only for parts already in progress.
+// Waiting threads poll briefly, yielding between polls, then sleep on a futex; a pool with more
+// threads than the CPUs it may run on does not poll.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -14,17 +16,23 @@
 
 namespace tandem::cpu {
 
+// CPUs this thread may run on (its affinity mask), at least 1.
+int usable_cpu_count();
+
 class ThreadPool {
  public:
-  // threads >= 1 (the caller counts as one); spin_us: how long idle workers poll.
+  // threads >= 1 (the caller counts as one); spin_us: how long a waiting thread polls before
+  // it sleeps (0 when threads exceed usable_cpu_count()).
   explicit ThreadPool(int threads, int spin_us = kDefaultSpinUs);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return int(workers_.size()) + 1; }
-  // Runs fn(t) on every thread t; rethrows the first exception a task threw. A call from
-  // inside a task, or concurrent calls from several threads, are serialized safely.
+  int spin_us() const { return spin_us_; }
+  // Runs fn(t) once for every part t, each on some thread of the pool (the caller included);
+  // rethrows the first exception a part threw. A call from inside a part, or concurrent calls
+  // from several threads, are serialized safely.
   void run(const std::function<void(int)>& fn);
 
   // Splits [0, n) into size() contiguous ranges aligned to `grain` and calls
@@ -34,17 +42,25 @@ class ThreadPool {
   static constexpr int kDefaultSpinUs = 200;
 
  private:
-  void worker_loop(int index);
+  void worker_loop();
+  // Claims the next unrun part of job `generation`; false when none is left (or the job is
+  // another one).
+  bool claim(uint32_t generation, int* part);
+  void run_part(int part);
 
   std::vector<std::thread> workers_;
   const int spin_us_;
   std::mutex run_mutex_;  // one job at a time
-  std::mutex mutex_;      // guards sleeping and the generation handoff
-  std::condition_variable wake_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  // Futex words, so that no lock is shared on the handoff: a worker descheduled at any point
+  // (even mid-wait) cannot block the caller. generation_ bumps for every job and for stop.
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<uint32_t> parts_done_{0};
+  std::atomic<int> sleeping_workers_{0};
+  std::atomic<bool> caller_sleeping_{false};
+  // The job's generation (high 32 bits) and its next unclaimed part (low 32 bits).
+  std::atomic<uint64_t> claims_{0};
   std::atomic<bool> stop_{false};
-  const std::function<void(int)>* job_ = nullptr;  // published by generation_ (release)
+  const std::function<void(int)>* job_ = nullptr;  // published by claims_ (release)
   std::mutex error_mutex_;
   std::exception_ptr error_;
 };

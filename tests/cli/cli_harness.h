@@ -1,0 +1,60 @@
+// Runs the `tandem` binary for the cli tests: a command line in, exit code, stdout and stderr
+// out; and a tiny synthetic model shared by the tests of one process.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace cli_test {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs the tandem binary with a shell command line; captures stdout and stderr separately.
+inline Result tandem(const std::string& args) {
+  static int counter = 0;
+  fs::path dir = fs::temp_directory_path() / ("tandem_cli_test_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::string out = (dir / ("out" + std::to_string(counter))).string();
+  std::string err = (dir / ("err" + std::to_string(counter++))).string();
+  std::string cmd = std::string(TANDEM_BIN) + " " + args + " >" + out + " 2>" + err + " </dev/null";
+  int status = std::system(cmd.c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  auto slurp = [](const std::string& p) {
+    std::ifstream f(p);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+inline size_t lines(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += c == '\n';
+  return n + (!s.empty() && s.back() != '\n');
+}
+
+inline const std::string& tiny_model() {
+  static std::string path;
+  if (path.empty()) {
+    path = (fs::temp_directory_path() / ("tandem_cli_tiny_" + std::to_string(getpid()) + ".gguf"))
+               .string();
+    Result r = tandem("synth --preset tiny --type f32 --seed 3 -o " + path);
+    EXPECT_EQ(r.code, 0) << r.err;
+  }
+  return path;
+}
+
+}  // namespace cli_test

@@ -1,0 +1,129 @@
+// llama.cpp's common flags mean what they mean there: -fa, -e, -s, -n -1, -ot, -ngl; what
+// Tandem does not support is refused with one line naming the flag; --strict without a GPU says
+// what to do and prints nothing to stdout.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cli_harness.h"
+#include "cli_util.h"
+#include "tandem/registry.h"
+
+namespace {
+
+using cli_test::lines;
+using cli_test::Result;
+using cli_test::tandem;
+using cli_test::tiny_model;
+namespace fs = std::filesystem;
+
+bool gpu_present() {
+  for (const auto& id : tandem::available_backend_ids()) {
+    if (id.rfind("cuda:", 0) == 0) return true;
+  }
+  return false;
+}
+
+void expect_refused(const std::string& args, const std::string& flag) {
+  Result r = tandem(args);
+  EXPECT_NE(r.code, 0) << args;
+  EXPECT_EQ(lines(r.err), 1u) << args << "\n" << r.err;
+  EXPECT_NE(r.err.find(flag), std::string::npos) << args << "\n" << r.err;
+}
+
+TEST(Flags, FlashAttentionIsAcceptedAndOffIsRefused) {
+  const std::string& m = tiny_model();
+  for (std::string fa : {"-fa", "--flash-attn", "-fa on", "-fa 1", "--flash-attn auto"}) {
+    Result r = tandem("run -m " + m + " -p hi -n 2 --strategy cpu " + fa);
+    EXPECT_EQ(r.code, 0) << fa << ": " << r.err;
+  }
+  Result r = tandem("bench -m " + m + " -p 8 -n 0 -r 1 --strategy cpu -fa 1");
+  EXPECT_EQ(r.code, 0) << r.err;
+  expect_refused("run -m " + m + " -p hi --strategy cpu -fa off", "--flash-attn");
+  expect_refused("bench -m " + m + " -p 8 -n 0 -r 1 --strategy cpu -fa 0", "--flash-attn");
+  r = tandem("run --help");
+  EXPECT_NE(r.out.find("always fused"), std::string::npos) << r.out;
+}
+
+TEST(Flags, EscapeProcessesThePromptLikeLlamaCpp) {
+  using tandem::cli::process_escapes;
+  EXPECT_EQ(process_escapes("a\\nb\\tc\\rd"), "a\nb\tc\rd");
+  EXPECT_EQ(process_escapes("\\'\\\"\\\\"), "'\"\\");
+  EXPECT_EQ(process_escapes("\\x41\\x7a"), "Az");
+  EXPECT_EQ(process_escapes("\\q \\x4 end\\"), "\\q \\x4 end\\") << "unknown escapes stay";
+  const std::string& m = tiny_model();
+  Result plain = tandem("run -m " + m + " -p 'a\\nb' -n 0 --strategy cpu");
+  Result escaped = tandem("run -m " + m + " -p 'a\\nb' -n 0 --strategy cpu -e");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(escaped.code, 0) << escaped.err;
+  EXPECT_EQ(plain.out, "a\\nb\n");
+  EXPECT_EQ(escaped.out, "a\nb\n");
+  EXPECT_EQ(tandem("run -m " + m + " -p 'a\\nb' -n 0 --strategy cpu --escape").out, "a\nb\n");
+}
+
+TEST(Flags, SeedMakesSamplingRepeatable) {
+  const std::string& m = tiny_model();
+  auto sample = [&](const std::string& seed) {
+    return tandem("run -m " + m + " -p hello -n 16 --temp 1.5 --top-k 0 --strategy cpu " + seed);
+  };
+  Result a = sample("-s 7"), b = sample("--seed 7"), c = sample("-s 8");
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out) << "seeds 7 and 8 sampled the same 16 tokens";
+  Result random = sample("-s -1");
+  ASSERT_EQ(random.code, 0) << random.err;
+  EXPECT_NE(random.err.find("seed: "), std::string::npos) << "a random seed is printed";
+  expect_refused("run -m " + m + " -p hi -s -2", "--seed");
+}
+
+TEST(Flags, PredictMinusOneRunsUntilTheContextIsFull) {
+  const std::string& m = tiny_model();
+  // The tiny model's vocabulary has no end-of-sequence text, so -1 stops at the context: 16
+  // positions, 2 used by the prompt (BOS + "hi"), then one sampled token per position left.
+  Result r = tandem("run -m " + m + " -p hi -n -1 -c 16 --greedy --strategy cpu");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("generation: 15 tokens"), std::string::npos) << r.err;
+  expect_refused("run -m " + m + " -p hi -n -2", "--n-predict");
+}
+
+TEST(Flags, OverrideTensorIsDashOt) {
+  const std::string& m = tiny_model();
+  for (std::string cmd : {"run -m " + m + " -p hi -n 2 --strategy cpu",
+                          "bench -m " + m + " -p 8 -n 0 -r 1 --strategy cpu"}) {
+    Result r = tandem(cmd + " -ot 'blk\\.0\\..*=cpu'");
+    EXPECT_EQ(r.code, 0) << cmd << ": " << r.err;
+    r = tandem(cmd + " --override-tensor 'blk\\.0\\..*=cpu'");
+    EXPECT_EQ(r.code, 0) << cmd << ": " << r.err;
+    expect_refused(cmd + " -ot 'blk\\.0\\..*'", "--override-tensor");
+  }
+  expect_refused("run -m " + m + " -p hi -o 'blk\\.0\\..*=cpu'", "-ot");
+}
+
+TEST(Flags, NglIsOneValueInRunAndAListInBench) {
+  const std::string& m = tiny_model();
+  Result r = tandem("run -m " + m + " -p hi -n 2 --strategy cpu -ngl 1");
+  EXPECT_EQ(r.code, 0) << r.err;
+  expect_refused("run -m " + m + " -p hi -ngl 1,2", "--n-gpu-layers");
+  expect_refused("run -m " + m + " -p hi -ngl -3", "--n-gpu-layers");
+}
+
+TEST(Flags, StrictWithoutAGpuSaysWhatToDoAndPrintsNothing) {
+  if (gpu_present()) GTEST_SKIP() << "a GPU is present; --strict has nothing to refuse";
+  const std::string& m = tiny_model();
+  for (std::string cmd : {"run -m " + m + " -p hello -n 4 --strict",
+                          "run -m " + m + " -p hello -n 4 --strict --strategy gpu",
+                          "bench -m " + m + " -p 8 -n 0 -r 1 --strict --strategy gpu",
+                          "logits -m " + m + " --tokens 1,2 --out /dev/null --strict"}) {
+    Result r = tandem(cmd);
+    EXPECT_NE(r.code, 0) << cmd;
+    EXPECT_EQ(lines(r.err), 1u) << cmd << "\n" << r.err;
+    EXPECT_NE(r.err.find("--strict"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("no GPU"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--strategy cpu"), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << cmd << " printed: " << r.out;
+  }
+  Result ok = tandem("run -m " + m + " -p hello -n 2 --strict --strategy cpu");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
+}  // namespace
