@@ -31,9 +31,11 @@ namespace tandem {
 
 inline constexpr double kDefaultSwitchThreshold = 2.0;
 inline constexpr int kNoBackend = -1;
-// Streamed weights copied ahead of the op that reads them: the copy queue runs this many weights
-// ahead of execution, and a device reserves staging memory for one more than that.
+// Streamed weights are copied ahead of the op that reads them, as far ahead as the device's
+// staging memory allows: at least this many weights (a device reserves staging memory for one
+// more), at most kMaxStreamStagingBytes, and no more than its budget leaves free.
 inline constexpr int kStreamAheadWeights = 2;
+inline constexpr size_t kMaxStreamStagingBytes = size_t(2) << 30;
 
 struct Strategy {
   enum class Kind : uint8_t { GpuPreferred, CpuPreferred, Automatic, BackendOnly };
@@ -114,6 +116,8 @@ struct Placement {
   size_t planned_transfers = 0;  // copies between memories each run (inputs, activations)
   size_t planned_uploads = 0;    // persistent copies made once (weights, KV cache moves)
   size_t streamed_bytes = 0;     // weight bytes streamed from host memory each run
+  // Per backend (by index): device memory its streamed weights may occupy at once (0: none).
+  std::vector<size_t> stream_staging_bytes;
   double estimated_us = 0.0;     // sum of chosen compute and transfer estimates
 
   const BackendSelection& at(TensorId id) const { return nodes.at(size_t(id)); }

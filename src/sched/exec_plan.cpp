@@ -5,6 +5,7 @@
 #include <atomic>
 #include <climits>
 #include <cstring>
+#include <deque>
 #include <string>
 
 #include "executor_impl.h"
@@ -60,15 +61,14 @@ std::vector<size_t> assign_offsets(std::vector<Slot>& slots, int n_groups) {
   return arena;
 }
 
-// Puts each streamed copy into the step list kStreamAheadWeights copies ahead of its reader on
-// the same device: after the segment that reads the copy that many places earlier (or at the
-// start), so the copy queue always has the next weights in flight while execution runs. A
-// copy's slot is live from that point, so it only reuses memory whose readers were submitted
-// before it (the device's copy queue waits for them).
-void schedule_streamed_copies(ExecPlan& plan) {
+// Puts each streamed copy into the step list as early as its device's staging memory allows:
+// copies issued but not yet read hold at most `staging[b]` bytes (at least kStreamAheadWeights
+// copies) and fewer than Backend::kStreamEvents copies. A copy is issued after the segment
+// that reads the oldest copy it displaces, so the copy queue works while execution runs; its
+// slot is live from there, so it only reuses memory whose readers were submitted before it
+// (the device's copy queue waits for them).
+void schedule_streamed_copies(ExecPlan& plan, const std::vector<size_t>& staging) {
   if (plan.streamed.empty()) return;
-  static_assert(kStreamAheadWeights + 1 <= Backend::kStreamEvents);
-  const size_t ahead = size_t(kStreamAheadWeights);
   // The step where each copy is waited for, and the last node submitted before each step.
   std::vector<size_t> wait_step(plan.streamed.size(), 0);
   std::vector<int> last_node(plan.steps.size() + 1, -1);
@@ -81,35 +81,51 @@ void schedule_streamed_copies(ExecPlan& plan) {
     }
     last_node[j + 1] = seen;
   }
-  // Per device, copies in the order they are read; copy k goes in before step insert[k].
+  // The step after the segment that reads copy k (it follows k's wait step).
+  auto after_reader = [&](size_t k) {
+    size_t j = wait_step[k];
+    while (j < plan.steps.size() && plan.steps[j].kind != StepKind::Segment) ++j;
+    return j + 1;
+  };
   std::vector<size_t> insert(plan.streamed.size(), 0);
-  std::vector<std::vector<size_t>> per_device;
+  struct Device {
+    std::deque<size_t> in_flight;  // issued, reader not yet submitted, oldest first
+    size_t bytes = 0;
+    size_t issued = 0;
+    size_t point = 0;  // copies are issued in order: none before the previous one
+  };
+  std::vector<Device> devices;
   for (size_t k = 0; k < plan.streamed.size(); ++k) {
-    const int b = plan.streamed[k].backend;
-    if (size_t(b) >= per_device.size()) per_device.resize(size_t(b) + 1);
-    std::vector<size_t>& list = per_device[size_t(b)];
-    const size_t rank = list.size();
-    list.push_back(k);
-    plan.streamed[k].event = int(rank % (ahead + 1));
-    if (rank >= ahead) {
-      // After the segment that reads the copy `ahead` places earlier (it follows that copy's
-      // wait step), but never after this copy's own wait.
-      size_t after = wait_step[list[rank - ahead]];
-      while (after < plan.steps.size() && plan.steps[after].kind != StepKind::Segment) ++after;
-      insert[k] = std::min(after + 1, wait_step[k]);
-    }
-    plan.slots[size_t(plan.streamed[k].slot)].start = last_node[insert[k]] + 1;
+    StreamedCopy& c = plan.streamed[k];
+    if (size_t(c.backend) >= devices.size()) devices.resize(size_t(c.backend) + 1);
+    Device& d = devices[size_t(c.backend)];
+    const size_t limit = c.backend < int(staging.size()) ? staging[size_t(c.backend)] : 0;
+    auto retire = [&] {
+      const size_t old = d.in_flight.front();
+      d.in_flight.pop_front();
+      d.bytes -= plan.streamed[old].bytes;
+      d.point = std::max(d.point, after_reader(old));
+    };
+    // Copies whose readers were submitted before this point no longer hold staging memory.
+    while (!d.in_flight.empty() && after_reader(d.in_flight.front()) <= d.point) retire();
+    auto full = [&] {
+      const bool over = d.in_flight.size() >= size_t(kStreamAheadWeights) && d.bytes + c.bytes > limit;
+      return over || d.in_flight.size() + 1 >= size_t(Backend::kStreamEvents);
+    };
+    while (!d.in_flight.empty() && full()) retire();
+    insert[k] = std::min(d.point, wait_step[k]);
+    d.point = insert[k];
+    c.event = int(d.issued++ % size_t(Backend::kStreamEvents));
+    d.in_flight.push_back(k);
+    d.bytes += c.bytes;
+    plan.slots[size_t(c.slot)].start = last_node[insert[k]] + 1;
   }
-  std::vector<size_t> order(plan.streamed.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return insert[a] < insert[b]; });
   std::vector<Step> steps;
   steps.reserve(plan.steps.size() + plan.streamed.size());
   size_t next = 0;
   for (size_t j = 0; j <= plan.steps.size(); ++j) {
-    for (; next < order.size() && insert[order[next]] == j; ++next) {
-      steps.push_back({StepKind::Stream, order[next], 0, plan.streamed[order[next]].backend, 0});
+    for (; next < plan.streamed.size() && insert[next] == j; ++next) {
+      steps.push_back({StepKind::Stream, next, 0, plan.streamed[next].backend, 0});
     }
     if (j < plan.steps.size()) steps.push_back(plan.steps[j]);
   }
@@ -428,7 +444,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     plan->backend_used[size_t(b)] = true;
   }
   close_segment();
-  schedule_streamed_copies(*plan);
+  schedule_streamed_copies(*plan, placement.stream_staging_bytes);
 
   for (TensorId o : graph.outputs()) {
     const TensorDesc& d = graph.tensor(o);

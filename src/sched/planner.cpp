@@ -106,6 +106,14 @@ class Walk {
     p.planned_transfers = transfers_;
     p.planned_uploads = uploads_;
     p.streamed_bytes = streamed_bytes_;
+    p.stream_staging_bytes.assign(n_backends_, 0);
+    for (size_t b = 0; b < n_backends_; ++b) {
+      if (ring_reserved_[b] == 0) continue;
+      // What the budget leaves, within the cap, but never less than the reserved minimum.
+      const size_t free = c_.budgets[b] > used_[b] ? c_.budgets[b] - used_[b] : 0;
+      p.stream_staging_bytes[b] =
+          ring_reserved_[b] + std::min(free, kMaxStreamStagingBytes - std::min(kMaxStreamStagingBytes, ring_reserved_[b]));
+    }
     return p;
   }
 

@@ -192,11 +192,13 @@ TEST_P(StreamedTest, ManyLayersReuseTheStagingMemoryWithoutOverwritingAWeightInU
   const std::vector<float> expected = run(ref, ref_exec, graph, weights, input, 64 * T);
 
   auto g = gpu();
+  // A budget with room to stage four weights at once: the staging memory must be reused.
   auto sched = HybridScheduler::builder()
                    .with_backend(test::make_cpu())
                    .with_backend(g)
                    .pin_tensor("^blk\\.", "cpu")
                    .cost_model(streaming_wins())
+                   .memory_budget("gpu", 4 * 64 * 64 * 4)
                    .build();
   {
     HybridExecutor exec(sched);
