@@ -8,6 +8,7 @@
 #include <set>
 
 #include "mini_model.h"
+#include "model_runs.h"
 #include "tandem/error.h"
 #include "tandem/executor.h"
 #include "tandem/scheduler.h"
@@ -17,60 +18,14 @@ namespace tandem {
 namespace {
 
 using test::caps_without;
+using test::expect_bitwise_equal;
 using test::make_cpu;
 using test::make_gpu;
 using test::MiniModel;
+using test::prefill_then_decode;
+using test::reference_logits;
+using test::run_steps;
 using test::TestBackend;
-
-struct Step {
-  std::vector<int32_t> tokens, positions;
-};
-
-// Runs the model's steps (prefill, then decode) and returns the logits of each.
-std::vector<std::vector<float>> run_steps(HybridScheduler& sched, HybridExecutor& exec,
-                                          const MiniModel& model, const std::vector<Step>& steps) {
-  for (const auto& [name, w] : model.weights) {
-    exec.bind_weight(name, w.bytes.data(), w.bytes.size());
-  }
-  std::vector<std::vector<float>> out;
-  for (const Step& s : steps) {
-    const int64_t T = int64_t(s.tokens.size());
-    Graph g = model.build(T);
-    auto placement = sched.plan(g, exec.residency());
-    std::vector<float> logits(size_t(MiniModel::kVocab * T), -7.0f);
-    exec.run(g, *placement,
-             Bindings()
-                 .input("tokens", s.tokens.data(), 4 * s.tokens.size())
-                 .input("positions", s.positions.data(), 4 * s.positions.size())
-                 .output("logits", logits.data(), 4 * logits.size()));
-    out.push_back(std::move(logits));
-  }
-  return out;
-}
-
-std::vector<Step> prefill_then_decode(std::mt19937& rng) {
-  std::uniform_int_distribution<int32_t> tok(0, MiniModel::kVocab - 1);
-  return {{{tok(rng), tok(rng), tok(rng)}, {0, 1, 2}}, {{tok(rng)}, {3}}, {{tok(rng)}, {4}}};
-}
-
-std::vector<std::vector<float>> reference_logits(const MiniModel& model,
-                                                 const std::vector<Step>& steps) {
-  auto sched =
-      HybridScheduler::builder().with_backend(std::make_shared<ReferenceBackend>()).build();
-  HybridExecutor exec(sched);
-  return run_steps(sched, exec, model, steps);
-}
-
-void expect_bitwise_equal(const std::vector<std::vector<float>>& a,
-                          const std::vector<std::vector<float>>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_EQ(a[i].size(), b[i].size());
-    for (float v : a[i]) ASSERT_FALSE(std::isnan(v));
-    EXPECT_EQ(std::memcmp(a[i].data(), b[i].data(), 4 * a[i].size()), 0)
-        << "step " << i << ", seed " << test::test_seed();
-  }
-}
 
 class ExecutorTest : public ::testing::Test {
  protected:
@@ -200,7 +155,7 @@ TEST_F(ExecutorTest, PointersAreStablePerSignatureAndPlansAreReused) {
   auto gpu = make_gpu();
   auto sched = HybridScheduler::builder().with_backend(make_cpu()).with_backend(gpu).build();
   HybridExecutor exec(sched);
-  std::vector<Step> steps{{{1}, {0}}, {{2}, {1}}, {{3}, {2}}, {{4}, {3}}};
+  std::vector<test::ModelStep> steps{{{1}, {0}}, {{2}, {1}}, {{3}, {2}}, {{4}, {3}}};
   run_steps(sched, exec, model, steps);
   // Run 1 uploads the weights (residency changes, so run 2 has a new placement key); from
   // then on the same plan is replayed with the same signature and the same pointers.
@@ -429,7 +384,7 @@ TEST_F(ExecutorTest, TimingModes) {
   ExecutorOptions opts;
   opts.timing = TimingMode::PerOp;
   HybridExecutor exec(sched, opts);
-  std::vector<Step> steps{{{1, 2}, {0, 1}}};
+  std::vector<test::ModelStep> steps{{{1, 2}, {0, 1}}};
   auto per_op = run_steps(sched, exec, model, steps);
   size_t ops = 0, graphs = 0;
   for (const ExecutionEvent& e : exec.telemetry().get_telemetry()) {

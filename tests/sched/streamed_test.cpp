@@ -10,6 +10,7 @@
 #include <deque>
 
 #include "mini_model.h"
+#include "model_runs.h"
 #include "tandem/executor.h"
 #include "tandem/scheduler.h"
 #include "test_backends.h"
@@ -105,35 +106,8 @@ class StreamedTest : public ::testing::TestWithParam<bool> {
 
 TEST_P(StreamedTest, ALlamaModelWithHostWeightsGivesTheReferenceBits) {
   MiniModel model(rng_);
-  std::uniform_int_distribution<int32_t> tok(0, MiniModel::kVocab - 1);
-  struct Step {
-    std::vector<int32_t> tokens, positions;
-  };
-  const std::vector<Step> steps = {
-      {{tok(rng_), tok(rng_), tok(rng_)}, {0, 1, 2}}, {{tok(rng_)}, {3}}, {{tok(rng_)}, {4}}};
-  auto logits_of = [&](HybridScheduler& sched, HybridExecutor& exec, size_t* streamed_bytes) {
-    for (const auto& [name, w] : model.weights) {
-      exec.bind_weight(name, w.bytes.data(), w.bytes.size());
-    }
-    std::vector<std::vector<float>> out;
-    for (const Step& s : steps) {
-      const int64_t T = int64_t(s.tokens.size());
-      Graph g = model.build(T);
-      auto p = sched.plan(g, exec.residency());
-      if (streamed_bytes) *streamed_bytes += p->streamed_bytes;
-      std::vector<float> logits(size_t(MiniModel::kVocab * T), -7.0f);
-      exec.run(g, *p,
-               Bindings()
-                   .input("tokens", s.tokens.data(), 4 * s.tokens.size())
-                   .input("positions", s.positions.data(), 4 * s.positions.size())
-                   .output("logits", logits.data(), 4 * logits.size()));
-      out.push_back(std::move(logits));
-    }
-    return out;
-  };
-  auto ref = HybridScheduler::builder().with_backend(std::make_shared<ReferenceBackend>()).build();
-  HybridExecutor ref_exec(ref);
-  auto expected = logits_of(ref, ref_exec, nullptr);
+  const std::vector<test::ModelStep> steps = test::prefill_then_decode(rng_);
+  const auto expected = test::reference_logits(model, steps);
 
   auto g = gpu();
   auto sched = HybridScheduler::builder()
@@ -142,22 +116,20 @@ TEST_P(StreamedTest, ALlamaModelWithHostWeightsGivesTheReferenceBits) {
                    .pin_tensor("^blk\\.", "cpu")  // every layer's weights live in host memory
                    .cost_model(streaming_wins())
                    .build();
-  size_t planned = 0;
   {
     HybridExecutor exec(sched);
-    auto got = logits_of(sched, exec, &planned);
-    ASSERT_EQ(got.size(), expected.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      for (float v : got[i]) ASSERT_FALSE(std::isnan(v)) << "step " << i;
-      EXPECT_EQ(std::memcmp(got[i].data(), expected[i].data(), 4 * got[i].size()), 0)
-          << "step " << i << ", seed " << test::test_seed();
+    test::expect_bitwise_equal(test::run_steps(sched, exec, model, steps), expected);
+    // What the placements stream for each step.
+    size_t planned = 0;
+    for (const test::ModelStep& s : steps) {
+      planned +=
+          sched.plan(model.build(int64_t(s.tokens.size())), exec.residency())->streamed_bytes;
     }
     // Each layer weight crossed once per run, and none stayed on the GPU.
-    const size_t layer_bytes = [&] {
-      size_t n = 0;
-      for (const auto& [name, w] : model.weights) n += name.rfind("blk.", 0) == 0 ? w.bytes.size() : 0;
-      return n;
-    }();
+    size_t layer_bytes = 0;
+    for (const auto& [name, w] : model.weights) {
+      if (name.rfind("blk.", 0) == 0) layer_bytes += w.bytes.size();
+    }
     EXPECT_EQ(planned, steps.size() * layer_bytes);
     EXPECT_EQ(exec.stats().streamed_bytes, planned);
     for (const auto& [name, w] : model.weights) {
@@ -283,7 +255,9 @@ TEST(Scheduler, AHostWeightIsStreamedForABatchAndReadInPlaceForOneToken) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CopyQueue, StreamedTest, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "late" : "early"; });
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "late" : "early";
+                         });
 
 }  // namespace
 }  // namespace tandem
