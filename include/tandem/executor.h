@@ -68,13 +68,13 @@ class Bindings {
 
 struct ExecutorStats {
   size_t runs = 0;
-  size_t plans_built = 0;     // execution plans compiled (cache misses)
-  size_t transfers = 0;       // tensor copies between memories, all runs
-  size_t transfer_bytes = 0;  // bytes of those copies
-  size_t weight_uploads = 0;  // weights copied to a device (persistent)
+  size_t plans_built = 0;       // execution plans compiled (cache misses)
+  size_t transfers = 0;         // tensor copies between memories, all runs
+  size_t transfer_bytes = 0;    // bytes of those copies
+  size_t weight_uploads = 0;    // weights copied to a device (persistent)
   size_t streamed_weights = 0;  // weight copies streamed from host memory, all runs
   size_t streamed_bytes = 0;    // bytes of those copies
-  size_t kv_migrations = 0;   // KV caches moved between backends
+  size_t kv_migrations = 0;     // KV caches moved between backends
   // The last compiled plan: bytes of all its intermediates and copies, and of the arenas that
   // hold them (smaller: memory is reused after each tensor's last reader).
   size_t last_plan_tensor_bytes = 0;

@@ -118,7 +118,7 @@ struct Placement {
   size_t streamed_bytes = 0;     // weight bytes streamed from host memory each run
   // Per backend (by index): device memory its streamed weights may occupy at once (0: none).
   std::vector<size_t> stream_staging_bytes;
-  double estimated_us = 0.0;     // sum of chosen compute and transfer estimates
+  double estimated_us = 0.0;  // sum of chosen compute and transfer estimates
 
   const BackendSelection& at(TensorId id) const { return nodes.at(size_t(id)); }
   int backend_index(TensorId id) const { return nodes.at(size_t(id)).backend_index; }

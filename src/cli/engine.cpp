@@ -118,7 +118,8 @@ void Engine::upload_weights(const Graph& graph, const Placement& placement) {
   // the load's progress; the bar appears only when there is something to upload.
   std::unique_ptr<Progress> bar;
   executor_->preload(graph, placement, [&](size_t done, size_t total) {
-    if (!bar) bar = std::make_unique<Progress>("loading weights (" + format_bytes(total) + ")", total);
+    if (!bar)
+      bar = std::make_unique<Progress>("loading weights (" + format_bytes(total) + ")", total);
     bar->update(done);
   });
 }

@@ -109,7 +109,8 @@ void schedule_streamed_copies(ExecPlan& plan, const std::vector<size_t>& staging
     // Copies whose readers were submitted before this point no longer hold staging memory.
     while (!d.in_flight.empty() && after_reader(d.in_flight.front()) <= d.point) retire();
     auto full = [&] {
-      const bool over = d.in_flight.size() >= size_t(kStreamAheadWeights) && d.bytes + c.bytes > limit;
+      const bool over =
+          d.in_flight.size() >= size_t(kStreamAheadWeights) && d.bytes + c.bytes > limit;
       return over || d.in_flight.size() + 1 >= size_t(Backend::kStreamEvents);
     };
     while (!d.in_flight.empty() && full()) retire();
@@ -335,7 +336,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
   };
   // Makes storage s valid in backend b's memory, adding a copy when it is elsewhere. A
   // streamed weight gets a slot its copy fills each run (unless the device already holds it).
-  auto ensure_on = [&](TensorId s, int b, TensorId reader, bool streamed) -> PtrRef {
+  auto ensure_on = [&](TensorId s, int b, bool streamed) -> PtrRef {
     const int g = group[size_t(b)];
     PtrRef& here = ptr[size_t(s) * G + size_t(g)];
     if (valid[size_t(s)] & (1ull << g)) return here;
@@ -349,7 +350,6 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
         c.host = w.host;
         c.bytes = w.bytes;
         c.backend = b;
-        c.consumer = reader;
         c.slot = new_slot(g, w.bytes, 0, last[size_t(s)]);  // start set once steps are known
         here = PtrRef{c.slot, nullptr, 0};
         waits.push_back(plan->streamed.size());
@@ -418,7 +418,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     for (TensorId in : node.inputs) {
       const TensorId s = graph.storage_of(in);
       const bool is_streamed = std::find(streamed.begin(), streamed.end(), s) != streamed.end();
-      PtrRef r = ensure_on(s, b, node.id, is_streamed);
+      PtrRef r = ensure_on(s, b, is_streamed);
       r.offset += size_t(graph.tensor(in).view_offset);
       ins.push_back(r);
       ex.inputs.push_back({&graph.tensor(in), nullptr});

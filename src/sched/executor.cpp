@@ -177,8 +177,9 @@ void HybridExecutor::preload(const Graph& graph, const Placement& placement,
       if (std::find(sel.streamed.begin(), sel.streamed.end(), s) != sel.streamed.end()) continue;
       WeightEntry& w = m.bound_weight(graph.tensor(s).name, graph.tensor(s));
       if (w.device[size_t(b)]) continue;
-      const bool listed = std::any_of(pending.begin(), pending.end(),
-                                      [&](const auto& p) { return p.first == &w && p.second == b; });
+      const bool listed = std::any_of(pending.begin(), pending.end(), [&](const auto& p) {
+        return p.first == &w && p.second == b;
+      });
       if (listed) continue;
       pending.emplace_back(&w, b);
       total += w.bytes;

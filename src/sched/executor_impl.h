@@ -68,9 +68,8 @@ struct StreamedCopy {
   const void* host = nullptr;
   size_t bytes = 0;
   int backend = -1;
-  int slot = -1;          // its arena slot (live from the copy to its last reader)
-  int event = 0;          // the copy queue's signal that the op waits for
-  TensorId consumer = 0;  // the first op that reads it
+  int slot = -1;  // its arena slot (live from the copy to its last reader)
+  int event = 0;  // the copy queue's signal that the op waits for
   void* dst_ptr = nullptr;
 };
 

@@ -53,7 +53,6 @@ struct StreamEval {
   std::vector<TensorId> weights;
   size_t weight_bytes = 0;  // streamed each run
   size_t ring_growth = 0;   // staging memory the device must add for these weights
-  std::string detail;       // why not, when !ok
 };
 
 class Walk {
@@ -109,10 +108,10 @@ class Walk {
     p.stream_staging_bytes.assign(n_backends_, 0);
     for (size_t b = 0; b < n_backends_; ++b) {
       if (ring_reserved_[b] == 0) continue;
-      // What the budget leaves, within the cap, but never less than the reserved minimum.
+      // The reserved minimum plus what the budget leaves, up to the cap.
       const size_t free = c_.budgets[b] > used_[b] ? c_.budgets[b] - used_[b] : 0;
       p.stream_staging_bytes[b] =
-          ring_reserved_[b] + std::min(free, kMaxStreamStagingBytes - std::min(kMaxStreamStagingBytes, ring_reserved_[b]));
+          std::max(ring_reserved_[b], std::min(ring_reserved_[b] + free, kMaxStreamStagingBytes));
     }
     return p;
   }
@@ -322,10 +321,6 @@ class Walk {
       const size_t needed = transient + se.ring_growth;
       const size_t free = c_.budgets[b] > used_[b] ? c_.budgets[b] - used_[b] : 0;
       se.ok = needed <= free;
-      if (!se.ok) {
-        se.detail = c_.backends[b]->backend_id() + " needs " + mib(needed) +
-                    " to stream (staging and activations), its budget has " + mib(free) + " free";
-      }
     }
   }
 
@@ -333,8 +328,8 @@ class Walk {
     int best = kNoBackend;
     for (size_t b = 0; b < n_backends_; ++b) {
       if (excluded_[b] || !stream_evals_[b].ok) continue;
-      if (best < 0 || stream_evals_[b].cost.total_us() <
-                          stream_evals_[size_t(best)].cost.total_us()) {
+      if (best < 0 ||
+          stream_evals_[b].cost.total_us() < stream_evals_[size_t(best)].cost.total_us()) {
         best = int(b);
       }
     }
@@ -352,8 +347,8 @@ class Walk {
                   se.cost.total_us(), host >= 0 ? evals_[size_t(host)].cost.total_us() : 0.0,
                   host >= 0 ? c_.backends[size_t(host)]->backend_id().c_str() : "none");
     r.why = why.empty() ? std::string(buf) : why + "; " + buf;
-    if (host >= 0) r.costs.push_back({host, c_.backends[size_t(host)]->backend_id(),
-                                      evals_[size_t(host)].cost});
+    if (host >= 0)
+      r.costs.push_back({host, c_.backends[size_t(host)]->backend_id(), evals_[size_t(host)].cost});
     r.costs.push_back({b, c_.backends[size_t(b)]->backend_id(), se.cost});
     choose(sel, b, std::move(r), RejectReason::MoreExpensive, "", &se.cost);
     sel.streamed = se.weights;

@@ -90,11 +90,6 @@ CudaBackend::CudaBackend(int device) : allocator_(state_) {
     void* flag_device = nullptr;
     TANDEM_CUDA_CHECK(s, "init", cudaHostGetDevicePointer(&flag_device, flag, 0));
     error_flag_device_ = static_cast<int32_t*>(flag_device);
-    for (int i = 0; i < kStagingBuffers; ++i) {
-      TANDEM_CUDA_CHECK(s, "init", cudaMallocHost(&staging_[i], kStagingBytes));
-      TANDEM_CUDA_CHECK(s, "init",
-                        cudaEventCreateWithFlags(&staging_done_[i], cudaEventDisableTiming));
-    }
     TANDEM_CUDA_CHECK(s, "init", cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     TANDEM_CUDA_CHECK(s, "init", cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
     for (cudaEvent_t& e : stream_events_) {
@@ -117,20 +112,14 @@ void CudaBackend::release() {
   if (stream_ && !state_.lost) (void)cudaStreamSynchronize(stream_);
   if (copy_stream_ && !state_.lost) (void)cudaStreamSynchronize(copy_stream_);
   clear_graphs();
-  for (int i = 0; i < kBounceBuffers; ++i) {
-    if (bounce_done_[i]) (void)cudaEventDestroy(std::exchange(bounce_done_[i], nullptr));
-    if (bounce_[i]) (void)cudaFreeHost(std::exchange(bounce_[i], nullptr));
-  }
+  free_ring(bounce_);
   for (cudaEvent_t& e : stream_events_) {
     if (e) (void)cudaEventDestroy(std::exchange(e, nullptr));
   }
   if (compute_mark_) (void)cudaEventDestroy(std::exchange(compute_mark_, nullptr));
   for (auto& [src, copy] : pinned_) (void)cudaFreeHost(copy.data);
   pinned_.clear();
-  for (int i = 0; i < kStagingBuffers; ++i) {
-    if (staging_done_[i]) (void)cudaEventDestroy(std::exchange(staging_done_[i], nullptr));
-    if (staging_[i]) (void)cudaFreeHost(std::exchange(staging_[i], nullptr));
-  }
+  free_ring(staging_);
   if (timer_begin_) (void)cudaEventDestroy(std::exchange(timer_begin_, nullptr));
   if (timer_end_) (void)cudaEventDestroy(std::exchange(timer_end_, nullptr));
   if (error_flag_host_) (void)cudaFreeHost(std::exchange(error_flag_host_, nullptr));
@@ -193,15 +182,37 @@ void CudaBackend::copy_from_host(void* device_dst, const void* host_src, size_t 
                       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     return;
   }
+  copy_through(staging_, stream_, dst, src, bytes, "copy_from_host");
+}
+
+int CudaBackend::take_staging(StagingRing& ring, const char* op) {
+  const int i = ring.next;
+  ring.next = (ring.next + 1) % StagingRing::kBuffers;
+  if (!ring.buffer[i]) {
+    TANDEM_CUDA_CHECK(state_, op, cudaMallocHost(&ring.buffer[i], kStagingBytes));
+    TANDEM_CUDA_CHECK(state_, op, cudaEventCreateWithFlags(&ring.done[i], cudaEventDisableTiming));
+  } else {
+    TANDEM_CUDA_CHECK(state_, op, cudaEventSynchronize(ring.done[i]));
+  }
+  return i;
+}
+
+void CudaBackend::copy_through(StagingRing& ring, cudaStream_t stream, uint8_t* dst,
+                               const uint8_t* src, size_t bytes, const char* op) {
   for (size_t off = 0; off < bytes; off += kStagingBytes) {
     const size_t n = std::min(kStagingBytes, bytes - off);
-    const int i = next_staging_;
-    next_staging_ = (next_staging_ + 1) % kStagingBuffers;
-    TANDEM_CUDA_CHECK(state_, "copy_from_host", cudaEventSynchronize(staging_done_[i]));
-    std::memcpy(staging_[i], src + off, n);
-    TANDEM_CUDA_CHECK(state_, "copy_from_host",
-                      cudaMemcpyAsync(dst + off, staging_[i], n, cudaMemcpyHostToDevice, stream_));
-    TANDEM_CUDA_CHECK(state_, "copy_from_host", cudaEventRecord(staging_done_[i], stream_));
+    const int i = take_staging(ring, op);
+    std::memcpy(ring.buffer[i], src + off, n);
+    TANDEM_CUDA_CHECK(
+        state_, op, cudaMemcpyAsync(dst + off, ring.buffer[i], n, cudaMemcpyHostToDevice, stream));
+    TANDEM_CUDA_CHECK(state_, op, cudaEventRecord(ring.done[i], stream));
+  }
+}
+
+void CudaBackend::free_ring(StagingRing& ring) {
+  for (int i = 0; i < StagingRing::kBuffers; ++i) {
+    if (ring.done[i]) (void)cudaEventDestroy(std::exchange(ring.done[i], nullptr));
+    if (ring.buffer[i]) (void)cudaFreeHost(std::exchange(ring.buffer[i], nullptr));
   }
 }
 
@@ -215,13 +226,13 @@ void CudaBackend::copy_to_host(void* host_dst, const void* device_src, size_t by
                       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     TANDEM_CUDA_CHECK(state_, "copy_to_host", cudaStreamSynchronize(stream_));
   } else if (bytes > 0) {
-    const int i = next_staging_;
-    next_staging_ = (next_staging_ + 1) % kStagingBuffers;
-    TANDEM_CUDA_CHECK(state_, "copy_to_host",
-                      cudaMemcpyAsync(staging_[i], src, bytes, cudaMemcpyDeviceToHost, stream_));
-    TANDEM_CUDA_CHECK(state_, "copy_to_host", cudaEventRecord(staging_done_[i], stream_));
+    const int i = take_staging(staging_, "copy_to_host");
+    TANDEM_CUDA_CHECK(
+        state_, "copy_to_host",
+        cudaMemcpyAsync(staging_.buffer[i], src, bytes, cudaMemcpyDeviceToHost, stream_));
+    TANDEM_CUDA_CHECK(state_, "copy_to_host", cudaEventRecord(staging_.done[i], stream_));
     TANDEM_CUDA_CHECK(state_, "copy_to_host", cudaStreamSynchronize(stream_));
-    std::memcpy(dst, staging_[i], bytes);
+    std::memcpy(dst, staging_.buffer[i], bytes);
   } else {
     TANDEM_CUDA_CHECK(state_, "copy_to_host", cudaStreamSynchronize(stream_));
   }
@@ -395,29 +406,10 @@ void CudaBackend::stream_from_host(void* device_dst, const void* host_src, size_
     TANDEM_CUDA_CHECK(state_, "stream_from_host",
                       cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, copy_stream_));
   } else {
-    bounce_to_device(dst, src, bytes);
+    copy_through(bounce_, copy_stream_, dst, src, bytes, "stream_from_host");
   }
-  TANDEM_CUDA_CHECK(state_, "stream_from_host", cudaEventRecord(stream_events_[event], copy_stream_));
-}
-
-void CudaBackend::bounce_to_device(uint8_t* dst, const uint8_t* src, size_t bytes) {
-  for (size_t off = 0; off < bytes; off += kStagingBytes) {
-    const size_t n = std::min(kStagingBytes, bytes - off);
-    const int i = next_bounce_;
-    next_bounce_ = (next_bounce_ + 1) % kBounceBuffers;
-    if (!bounce_[i]) {
-      TANDEM_CUDA_CHECK(state_, "stream_from_host", cudaMallocHost(&bounce_[i], kStagingBytes));
-      TANDEM_CUDA_CHECK(state_, "stream_from_host",
-                        cudaEventCreateWithFlags(&bounce_done_[i], cudaEventDisableTiming));
-    } else {
-      TANDEM_CUDA_CHECK(state_, "stream_from_host", cudaEventSynchronize(bounce_done_[i]));
-    }
-    std::memcpy(bounce_[i], src + off, n);
-    TANDEM_CUDA_CHECK(
-        state_, "stream_from_host",
-        cudaMemcpyAsync(dst + off, bounce_[i], n, cudaMemcpyHostToDevice, copy_stream_));
-    TANDEM_CUDA_CHECK(state_, "stream_from_host", cudaEventRecord(bounce_done_[i], copy_stream_));
-  }
+  TANDEM_CUDA_CHECK(state_, "stream_from_host",
+                    cudaEventRecord(stream_events_[event], copy_stream_));
 }
 
 void CudaBackend::wait_stream_event(int event) {
@@ -425,7 +417,8 @@ void CudaBackend::wait_stream_event(int event) {
   check_alive("wait_stream_event");
   TANDEM_CHECK_ARG(event >= 0 && event < kStreamEvents, state_.id + " wait_stream_event",
                    "event " + std::to_string(event) + " out of range");
-  TANDEM_CUDA_CHECK(state_, "wait_stream_event", cudaStreamWaitEvent(stream_, stream_events_[event]));
+  TANDEM_CUDA_CHECK(state_, "wait_stream_event",
+                    cudaStreamWaitEvent(stream_, stream_events_[event]));
 }
 
 const void* CudaBackend::pinned_source(const void* data, size_t bytes) {

@@ -87,7 +87,6 @@ class CudaBackend final : public Backend {
   void check_device_errors();
   void clear_graphs();
   const void* pinned_source(const void* data, size_t bytes);
-  void bounce_to_device(uint8_t* dst, const uint8_t* src, size_t bytes);
 
   cuda::DeviceState state_;
   int sm_count_ = 1;
@@ -104,27 +103,33 @@ class CudaBackend final : public Backend {
   uint32_t* counters_ = nullptr;
   int32_t* error_flag_host_ = nullptr;    // mapped pinned word
   int32_t* error_flag_device_ = nullptr;  // its device alias
-  static constexpr int kStagingBuffers = 2;
+  // Pinned buffers that host copies pass through, used in turn; a buffer is reused once the copy
+  // that last read it (recorded in `done`) has finished. Allocated on first use.
   static constexpr size_t kStagingBytes = size_t(8) << 20;
-  void* staging_[kStagingBuffers] = {};
-  cudaEvent_t staging_done_[kStagingBuffers] = {};
-  int next_staging_ = 0;
+  struct StagingRing {
+    static constexpr int kBuffers = 2;
+    void* buffer[kBuffers] = {};
+    cudaEvent_t done[kBuffers] = {};
+    int next = 0;
+  };
+  // The ring's next buffer, free to overwrite.
+  int take_staging(StagingRing& ring, const char* op);
+  // Copies host memory to the device through the ring, on `stream`.
+  void copy_through(StagingRing& ring, cudaStream_t stream, uint8_t* dst, const uint8_t* src,
+                    size_t bytes, const char* op);
+  static void free_ring(StagingRing& ring);
+  StagingRing staging_;  // copies on stream_
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t compute_mark_ = nullptr;  // recorded on stream_ before each streamed copy
   cudaEvent_t stream_events_[kStreamEvents] = {};
-  // Page-locked copies of host memory streamed every run, by source address. A first version
-  // registered the mapped model file in place (cudaHostRegister); on the H100 machine
-  // (2026-11-25) its first prefill did not finish within 60 s, the time spent in the kernel.
+  // Page-locked copies of host memory streamed every run, by source address (registering a
+  // mapped model file in place was far slower than copying it: bench/NOTES.md).
   struct PinnedCopy {
     void* data = nullptr;
     size_t bytes = 0;
   };
   std::unordered_map<const void*, PinnedCopy> pinned_;
-  // Pinned bounce buffers for streaming from memory that could not be registered.
-  static constexpr int kBounceBuffers = 4;
-  void* bounce_[kBounceBuffers] = {};
-  cudaEvent_t bounce_done_[kBounceBuffers] = {};
-  int next_bounce_ = 0;
+  StagingRing bounce_;  // streamed copies on copy_stream_ that have no page-locked copy
   cudaEvent_t timer_begin_ = nullptr;
   cudaEvent_t timer_end_ = nullptr;
   std::unordered_map<uint64_t, CachedGraph> graphs_;
