@@ -117,6 +117,14 @@ class Backend {
   // Forgets what prepare_stream_source kept for `data` (its owner rebinds or drops it).
   virtual void release_stream_source(const void* data);
 
+  // A device timeline (TimingMode::Timeline): timeline_mark records a point on the execution
+  // queue, or the copy queue, without waiting, and returns its index; after synchronize(),
+  // timeline_us(i) is its time in microseconds after the first mark since timeline_reset().
+  // The defaults read the host clock at the call (for backends that run synchronously).
+  virtual void timeline_reset();
+  virtual int timeline_mark(bool copy_queue);
+  virtual double timeline_us(int mark);
+
   // Timing around work submitted to this backend: steady clock on CPUs, events on GPUs.
   virtual void timer_start();
   virtual double timer_stop_us();  // synchronizes
@@ -127,6 +135,7 @@ class Backend {
 
  private:
   int64_t timer_start_ns_ = 0;
+  std::vector<int64_t> timeline_ns_;
 };
 
 // The largest tensor (in elements) among a node's inputs and output.

@@ -30,6 +30,8 @@ enum class TimingMode : uint8_t {
   Off,       // no timing and no synchronization beyond the final one
   PerGraph,  // one Graph event per run with its wall time
   PerOp,     // every op alone, timed with Backend::timer_start/timer_stop_us (synchronizes)
+  Timeline,  // each segment and streamed copy timed on its device's queues, nothing waited
+             // for: one Segment event per segment instead of per-op events (overlap visible)
 };
 
 struct ExecutorOptions {

@@ -18,7 +18,8 @@ namespace tandem {
 
 inline constexpr size_t kDefaultMaxEvents = size_t(1) << 20;
 
-enum class EventKind : uint8_t { Op, Transfer, Graph };
+// Segment: consecutive ops of one backend timed as a whole (TimingMode::Timeline).
+enum class EventKind : uint8_t { Op, Transfer, Graph, Segment };
 std::string_view event_kind_name(EventKind kind);
 
 struct ExecutionEvent {
@@ -37,6 +38,7 @@ struct ExecutionEvent {
   size_t transfer_bytes = 0;
   double transfer_us = 0.0;  // measured when timed, else the estimate
   bool streamed = false;     // a weight streamed on the device's copy queue
+  int segment_ops = 0;       // Segment events: ops in the segment (node/op: its first)
 };
 
 struct BackendUsage {

@@ -60,7 +60,8 @@ void add_run(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   cmd->add_flag("--greedy", o->greedy, "Greedy sampling (same as --temp 0)");
   cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token");
-  cmd->add_option("--trace", o->trace, "Write a Chrome trace (Perfetto) of every op to FILE");
+  cmd->add_option("--trace", o->trace, "Write a Chrome trace (Perfetto) to FILE: each segment and streamed copy timed on its "
+                 "device's queues, so overlap shows (with --stats: every op timed alone)");
   cmd->add_flag("--stats", o->stats, "Time every op (synchronizes; slower) for the summary");
   cmd->callback([&run, o]() {
     run = [o]() {
@@ -71,7 +72,11 @@ void add_run(CLI::App& app, std::function<int()>& run) {
       TANDEM_CHECK_ARG(o->seed >= -1, "--seed", "must be >= 0, or -1 for a random seed");
       const std::string prompt_text = o->escape ? process_escapes(o->prompt) : o->prompt;
       EngineOptions eo = o->engine.to_options(o->strategy);
-      eo.timing = o->stats || !o->trace.empty() ? TimingMode::PerOp : TimingMode::Off;
+      // --stats times each op alone; a trace alone times segments and copies on the devices'
+      // queues without waiting, so overlap shows.
+      eo.timing = o->stats            ? TimingMode::PerOp
+                  : !o->trace.empty() ? TimingMode::Timeline
+                                      : TimingMode::Off;
       SamplerParams sp;
       sp.seed = o->seed == -1 ? std::random_device{}() : uint64_t(o->seed);
       sp.temperature = o->greedy ? 0.0f : o->temp;

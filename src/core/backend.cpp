@@ -150,6 +150,21 @@ bool Backend::prepare_stream_source(const void* /*data*/, size_t /*bytes*/) {
 
 void Backend::release_stream_source(const void* /*data*/) {}
 
+void Backend::timeline_reset() {
+  timeline_ns_.clear();
+}
+
+int Backend::timeline_mark(bool /*copy_queue*/) {
+  timeline_ns_.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count());
+  return int(timeline_ns_.size() - 1);
+}
+
+double Backend::timeline_us(int mark) {
+  return double(timeline_ns_.at(size_t(mark)) - timeline_ns_.front()) / 1000.0;
+}
+
 void Backend::timer_start() {
   synchronize();
   timer_start_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(

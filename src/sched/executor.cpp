@@ -356,13 +356,34 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
   };
   const double run_start = m.telemetry.now_us();
   size_t transfer_bytes = 0, transfers = 0, streamed_bytes = 0;
+  // TimingMode::Timeline: device marks around each segment and after each streamed copy, read
+  // once everything has finished. `event` indexes the ExecutionEvent the marks fill in.
+  const bool timeline = timing == TimingMode::Timeline && record;
+  struct Marks {
+    int backend = 0;
+    int start = 0;  // segment: before it; copy: the execution it waited for
+    int end = 0;
+    size_t event = 0;
+  };
+  std::vector<Marks> segment_marks, copy_marks;
+  std::vector<double> zero_us(nb, 0.0);
+  if (timeline) {
+    for (size_t b = 0; b < nb; ++b) {
+      if (!plan.backend_used[b]) continue;
+      m.backends[b]->timeline_reset();
+      zero_us[b] = m.telemetry.now_us();
+      (void)m.backends[b]->timeline_mark(false);
+    }
+  }
   try {
     for (const Step& step : plan.steps) {
       if (step.kind == StepKind::Stream) {
         const StreamedCopy& c = plan.streamed[step.index];
         Backend& dst = *m.backends[size_t(c.backend)];
         const double t0 = record ? m.telemetry.now_us() : 0.0;
+        const int waited = timeline ? dst.timeline_mark(false) : 0;
         dst.stream_from_host(c.dst_ptr, c.host, c.bytes, c.event);
+        if (timeline) copy_marks.push_back({c.backend, waited, dst.timeline_mark(true), events.size()});
         dirty[size_t(c.backend)] = true;
         streamed_bytes += c.bytes;
         if (record) {
@@ -448,6 +469,20 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
             events.push_back(std::move(e));
           }
         }
+      } else if (timeline) {
+        const int start = backend.timeline_mark(false);
+        backend.execute_segment(graph, segment, step.signature);
+        segment_marks.push_back({step.backend, start, backend.timeline_mark(false), events.size()});
+        const TensorId first = plan.exec_id[step.index];
+        ExecutionEvent e = op_event(graph, first);
+        e.kind = EventKind::Segment;
+        e.backend = backend.backend_id();
+        e.reason = placement.at(first).reason.kind;
+        e.segment_ops = int(step.count);
+        for (size_t k = 0; k < step.count; ++k) {
+          e.estimated_us += placement.at(plan.exec_id[step.index + k]).estimated_cost.compute_us;
+        }
+        events.push_back(std::move(e));
       } else {
         const double t0 = record ? m.telemetry.now_us() : 0.0;
         backend.execute_segment(graph, segment, step.signature);
@@ -467,6 +502,26 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
     }
     for (size_t b = 0; b < nb; ++b) {
       if (plan.backend_used[b] || dirty[b]) m.backends[b]->synchronize();
+    }
+    if (timeline) {
+      for (const Marks& seg : segment_marks) {
+        Backend& b = *m.backends[size_t(seg.backend)];
+        const double start = b.timeline_us(seg.start);
+        events[seg.event].timestamp_us = zero_us[size_t(seg.backend)] + start;
+        events[seg.event].actual_us = b.timeline_us(seg.end) - start;
+      }
+      // A copy queue runs in order: a copy starts when the one before it is done and the
+      // execution it waits for has finished.
+      std::vector<double> queue_free(nb, 0.0);
+      for (const Marks& c : copy_marks) {
+        Backend& b = *m.backends[size_t(c.backend)];
+        const double end = b.timeline_us(c.end);
+        const double start = std::max(queue_free[size_t(c.backend)], b.timeline_us(c.start));
+        queue_free[size_t(c.backend)] = end;
+        ExecutionEvent& e = events[c.event];
+        e.timestamp_us = zero_us[size_t(c.backend)] + start;
+        e.actual_us = e.transfer_us = std::max(0.0, end - start);
+      }
     }
     for (size_t k = 0; k < plan.outputs.size(); ++k) {
       const ExecPlan::Output& o = plan.outputs[k];

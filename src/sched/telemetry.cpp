@@ -21,7 +21,9 @@ nlohmann::json shape_json(const ExecutionEvent& e) {
 }
 
 std::string_view event_name(const ExecutionEvent& e) {
-  return e.kind == EventKind::Graph ? std::string_view("graph") : op_name(e.op);
+  if (e.kind == EventKind::Graph) return "graph";
+  if (e.kind == EventKind::Segment) return "segment";
+  return op_name(e.op);
 }
 }  // namespace
 
@@ -33,6 +35,8 @@ std::string_view event_kind_name(EventKind kind) {
       return "transfer";
     case EventKind::Graph:
       return "graph";
+    case EventKind::Segment:
+      return "segment";
   }
   return "unknown";
 }
@@ -113,6 +117,9 @@ ExecutionSummary Telemetry::execution_summary() const {
       case EventKind::Graph:
         s.graphs++;
         s.graph_us += std::max(0.0, e.actual_us);
+        break;
+      case EventKind::Segment:  // time on its backend; its ops are not counted one by one
+        s.backends[e.backend].actual_us += std::max(0.0, e.actual_us);
         break;
     }
   }
@@ -198,7 +205,7 @@ std::string Telemetry::to_chrome_trace_json() const {
   };
   auto copy_track = [](const ExecutionEvent& e) { return e.backend + " copy queue"; };
   for (const ExecutionEvent& e : events) {
-    if (e.kind == EventKind::Op) track(e.backend);
+    if (e.kind == EventKind::Op || e.kind == EventKind::Segment) track(e.backend);
   }
   for (const ExecutionEvent& e : events) {
     if (e.streamed) track(copy_track(e));
@@ -215,7 +222,7 @@ std::string Telemetry::to_chrome_trace_json() const {
   // Untimed events share a submit time; lay them end to end so slices do not overlap.
   std::map<int, double> cursor;
   for (const ExecutionEvent& e : events) {
-    int tid = e.kind == EventKind::Op         ? track(e.backend)
+    int tid = e.kind == EventKind::Op || e.kind == EventKind::Segment ? track(e.backend)
               : e.streamed                    ? track(copy_track(e))
               : e.kind == EventKind::Transfer ? transfers
                                               : graphs;
@@ -231,6 +238,7 @@ std::string Telemetry::to_chrome_trace_json() const {
                  {"estimated_us", e.estimated_us},
                  {"timed", e.actual_us >= 0}};
     if (e.kind == EventKind::Op) args["reason"] = std::string(reason_kind_name(e.reason));
+    if (e.kind == EventKind::Segment) args["ops"] = e.segment_ops;
     if (e.kind == EventKind::Transfer) {
       args["from"] = e.source_backend;
       args["transfer_bytes"] = e.transfer_bytes;

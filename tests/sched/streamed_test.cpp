@@ -254,6 +254,45 @@ TEST(Scheduler, AHostWeightIsStreamedForABatchAndReadInPlaceForOneToken) {
   EXPECT_EQ(cpu_first.plan(prefill.g)->streamed_bytes, 0u);
 }
 
+TEST_P(StreamedTest, ATimelineTimesSegmentsAndCopiesWithoutPerOpEvents) {
+  MiniModel model(rng_);
+  const std::vector<test::ModelStep> steps = test::prefill_then_decode(rng_);
+  const auto expected = test::reference_logits(model, steps);
+  auto g = gpu();
+  auto sched = HybridScheduler::builder()
+                   .with_backend(test::make_cpu())
+                   .with_backend(g)
+                   .pin_tensor("^blk\\.", "cpu")
+                   .cost_model(streaming_wins())
+                   .build();
+  ExecutorOptions options;
+  options.timing = TimingMode::Timeline;
+  HybridExecutor exec(sched, options);
+  test::expect_bitwise_equal(test::run_steps(sched, exec, model, steps), expected);
+  size_t ops = 0, segment_ops = 0, copies = 0;
+  for (const test::ModelStep& s : steps) {
+    const Graph graph = model.build(int64_t(s.tokens.size()));
+    for (const Node& n : graph.nodes()) ops += is_compute(n.op) ? 1 : 0;
+  }
+  for (const ExecutionEvent& e : exec.telemetry().get_telemetry()) {
+    EXPECT_NE(e.kind, EventKind::Op) << "per-op events are not recorded on a timeline";
+    if (e.kind == EventKind::Segment) {
+      segment_ops += size_t(e.segment_ops);
+      EXPECT_GE(e.actual_us, 0.0);
+    }
+    if (e.kind == EventKind::Transfer && e.streamed) {
+      ++copies;
+      EXPECT_GE(e.actual_us, 0.0);
+      EXPECT_EQ(e.actual_us, e.transfer_us);
+    }
+  }
+  EXPECT_EQ(segment_ops, ops);  // every op is in exactly one timed segment
+  EXPECT_EQ(copies, exec.stats().streamed_weights);
+  const std::string trace = exec.telemetry().to_chrome_trace_json();
+  EXPECT_NE(trace.find("gpu copy queue"), std::string::npos);
+  EXPECT_NE(trace.find("\"segment\""), std::string::npos);
+}
+
 INSTANTIATE_TEST_SUITE_P(CopyQueue, StreamedTest, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& p) {
                            return p.param ? "late" : "early";

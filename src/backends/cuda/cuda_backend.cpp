@@ -120,6 +120,8 @@ void CudaBackend::release() {
   for (auto& [src, copy] : pinned_) (void)cudaFreeHost(copy.data);
   pinned_.clear();
   free_ring(staging_);
+  for (cudaEvent_t e : timeline_) (void)cudaEventDestroy(e);
+  timeline_.clear();
   if (timer_begin_) (void)cudaEventDestroy(std::exchange(timer_begin_, nullptr));
   if (timer_end_) (void)cudaEventDestroy(std::exchange(timer_end_, nullptr));
   if (error_flag_host_) (void)cudaFreeHost(std::exchange(error_flag_host_, nullptr));
@@ -456,6 +458,32 @@ bool CudaBackend::prepare_stream_source(const void* data, size_t bytes) {
   std::memcpy(copy, data, bytes);
   pinned_.emplace(data, PinnedCopy{copy, bytes});
   return true;
+}
+
+void CudaBackend::timeline_reset() {
+  timeline_used_ = 0;
+}
+
+int CudaBackend::timeline_mark(bool copy_queue) {
+  std::lock_guard lock(mutex_);
+  check_alive("timeline");
+  if (timeline_used_ == timeline_.size()) {
+    cudaEvent_t e = nullptr;
+    TANDEM_CUDA_CHECK(state_, "timeline", cudaEventCreate(&e));
+    timeline_.push_back(e);
+  }
+  TANDEM_CUDA_CHECK(state_, "timeline", cudaEventRecord(timeline_[timeline_used_],
+                                                        copy_queue ? copy_stream_ : stream_));
+  return int(timeline_used_++);
+}
+
+double CudaBackend::timeline_us(int mark) {
+  std::lock_guard lock(mutex_);
+  check_alive("timeline");
+  float ms = 0.0f;
+  TANDEM_CUDA_CHECK(state_, "timeline",
+                    cudaEventElapsedTime(&ms, timeline_.front(), timeline_.at(size_t(mark))));
+  return double(ms) * 1000.0;
 }
 
 void CudaBackend::timer_start() {

@@ -51,6 +51,9 @@ class CudaBackend final : public Backend {
   void wait_stream_event(int event) override;
   bool prepare_stream_source(const void* data, size_t bytes) override;
   void release_stream_source(const void* data) override;
+  void timeline_reset() override;
+  int timeline_mark(bool copy_queue) override;
+  double timeline_us(int mark) override;
   void timer_start() override;
   double timer_stop_us() override;
 
@@ -130,6 +133,8 @@ class CudaBackend final : public Backend {
   };
   std::unordered_map<const void*, PinnedCopy> pinned_;
   StagingRing bounce_;  // streamed copies on copy_stream_ that have no page-locked copy
+  std::vector<cudaEvent_t> timeline_;  // timing events, reused from run to run
+  size_t timeline_used_ = 0;
   cudaEvent_t timer_begin_ = nullptr;
   cudaEvent_t timer_end_ = nullptr;
   std::unordered_map<uint64_t, CachedGraph> graphs_;
