@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <fstream>
 #include <string>
 
 #include "tandem/error.h"
@@ -189,6 +190,12 @@ std::string markdown_table(const std::vector<std::string>& header,
   out += "\n";
   for (const auto& row : rows) out += line(row);
   return out;
+}
+
+void write_file(const std::string& path, const std::string& text, const char* flag) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  if (!f) throw_error(ErrorCode::Io, flag, "cannot write '" + path + "'");
 }
 
 }  // namespace tandem::cli

@@ -41,6 +41,7 @@ struct BenchOptions {
   std::string output = "md";
   uint64_t seed = 1;
   bool stats = false;
+  std::string trace;
 };
 
 // The tests of one engine: ppN evaluates N random tokens at once, tgN generates N one by one.
@@ -123,6 +124,20 @@ int run_bench(const BenchOptions& o) {
         summaries << "### strategy " << label << "\n" << engine.placement_summary() << "\n";
         if (!o.stats) engine.executor().telemetry().print_debug_summary(summaries);
       }
+      if (!o.trace.empty()) {
+        // A separate, untimed pass: every test once to warm up, then once on a device timeline.
+        eo.timing = TimingMode::Timeline;
+        Engine engine(eo);
+        for (const auto& test : tests) run_test(engine, test, rng);
+        engine.executor().telemetry().clear_telemetry();
+        for (const auto& test : tests) run_test(engine, test, rng);
+        const size_t configs = strategies.size() * ngl_count;
+        const size_t index = (&strategy - strategies.data()) * ngl_count + ngl_index;
+        const std::string path =
+            configs == 1 ? o.trace : o.trace + "." + std::to_string(index) + ".json";
+        write_file(path, engine.executor().telemetry().to_chrome_trace_json(), "--trace");
+        summaries << "trace of one untimed run of every test (" << label << "): " << path << "\n";
+      }
       if (o.stats) {
         // A separate, untimed pass with per-op timing (it synchronizes after every op).
         eo.timing = TimingMode::PerOp;
@@ -167,6 +182,10 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--stats", o->stats,
                 "After the timed runs, time every op in one separate untimed run of every test "
                 "and print the per-op summary");
+  cmd->add_option("--trace", o->trace,
+                  "After the timed runs, write a Chrome trace of one untimed run of every test "
+                  "(after a warm-up), segments and streamed copies timed on the devices' queues; "
+                  "FILE.N.json for the N-th strategy and -ngl when there are several");
   cmd->callback([&run, o]() { run = [o]() { return run_bench(*o); }; });
 }
 

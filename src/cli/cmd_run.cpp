@@ -21,12 +21,6 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
-
-void write_file(const std::string& path, const std::string& text, const char* flag) {
-  std::ofstream f(path, std::ios::binary);
-  f << text;
-  if (!f) throw_error(ErrorCode::Io, flag, "cannot write '" + path + "'");
-}
 }  // namespace
 
 void add_run(CLI::App& app, std::function<int()>& run) {
@@ -60,8 +54,10 @@ void add_run(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   cmd->add_flag("--greedy", o->greedy, "Greedy sampling (same as --temp 0)");
   cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token");
-  cmd->add_option("--trace", o->trace, "Write a Chrome trace (Perfetto) to FILE: each segment and streamed copy timed on its "
-                 "device's queues, so overlap shows (with --stats: every op timed alone)");
+  cmd->add_option(
+      "--trace", o->trace,
+      "Write a Chrome trace (Perfetto) to FILE: each segment and streamed copy timed on its "
+      "device's queues, so overlap shows (with --stats: every op timed alone)");
   cmd->add_flag("--stats", o->stats, "Time every op (synchronizes; slower) for the summary");
   cmd->callback([&run, o]() {
     run = [o]() {

@@ -383,7 +383,8 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
         const double t0 = record ? m.telemetry.now_us() : 0.0;
         const int waited = timeline ? dst.timeline_mark(false) : 0;
         dst.stream_from_host(c.dst_ptr, c.host, c.bytes, c.event);
-        if (timeline) copy_marks.push_back({c.backend, waited, dst.timeline_mark(true), events.size()});
+        if (timeline)
+          copy_marks.push_back({c.backend, waited, dst.timeline_mark(true), events.size()});
         dirty[size_t(c.backend)] = true;
         streamed_bytes += c.bytes;
         if (record) {

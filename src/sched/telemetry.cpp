@@ -223,9 +223,9 @@ std::string Telemetry::to_chrome_trace_json() const {
   std::map<int, double> cursor;
   for (const ExecutionEvent& e : events) {
     int tid = e.kind == EventKind::Op || e.kind == EventKind::Segment ? track(e.backend)
-              : e.streamed                    ? track(copy_track(e))
-              : e.kind == EventKind::Transfer ? transfers
-                                              : graphs;
+              : e.streamed                                            ? track(copy_track(e))
+              : e.kind == EventKind::Transfer                         ? transfers
+                                                                      : graphs;
     double dur = e.actual_us >= 0                ? e.actual_us
                  : e.kind == EventKind::Transfer ? e.transfer_us
                                                  : e.estimated_us;

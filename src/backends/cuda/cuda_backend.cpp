@@ -472,8 +472,9 @@ int CudaBackend::timeline_mark(bool copy_queue) {
     TANDEM_CUDA_CHECK(state_, "timeline", cudaEventCreate(&e));
     timeline_.push_back(e);
   }
-  TANDEM_CUDA_CHECK(state_, "timeline", cudaEventRecord(timeline_[timeline_used_],
-                                                        copy_queue ? copy_stream_ : stream_));
+  TANDEM_CUDA_CHECK(
+      state_, "timeline",
+      cudaEventRecord(timeline_[timeline_used_], copy_queue ? copy_stream_ : stream_));
   return int(timeline_used_++);
 }
 
