@@ -35,8 +35,8 @@ B=build/gpu/bin/tandem
 # A quick check on the 1B model first: a hybrid prefill that stalls shows here in seconds.
 $B synth --preset llama-3.2-1b --type q4_0 -o /tmp/1b.gguf >/dev/null
 for n in 0 8; do
-  timeout 60 $B bench -m /tmp/1b.gguf --ngl $n -p 512 -n 16 -r 2 -t 16 >"$OUT/1b_ngl$n.txt" 2>&1
-  echo "1b ngl $n: exit $? $(grep -E '\| (pp|tg)' "$OUT/1b_ngl$n.txt" | cut -d'|' -f4,6 | tr '\n' ' ')"
+  timeout 60 $B bench -m /tmp/1b.gguf --strategy gpu --ngl $n -p 512 -n 16 -r 2 -t 16 >"$OUT/1b_ngl$n.txt" 2>&1
+  echo "1b ngl $n: exit $?"; grep -E "pp512|tg16" "$OUT/1b_ngl$n.txt" | head -2 | tr -s " "
 done
 M=/tmp/vs-llama-models; mkdir -p $M
 [ -f $M/llama-3.1-8b-q4_0.gguf ] || timeout 200 $B synth --preset llama-3.1-8b --type q4_0 -o $M/llama-3.1-8b-q4_0.gguf >/dev/null
