@@ -40,4 +40,6 @@ for n in 0 8; do
 done
 M=/tmp/vs-llama-models; mkdir -p $M
 [ -f $M/llama-3.1-8b-q4_0.gguf ] || timeout 200 $B synth --preset llama-3.1-8b --type q4_0 -o $M/llama-3.1-8b-q4_0.gguf >/dev/null
+timeout 90 $B bench -m $M/llama-3.1-8b-q4_0.gguf --strategy gpu --ngl 16 -p 512 -n 0 -r 1 -t 16 \
+  --trace "$OUT/trace-ngl16.json" >/dev/null 2>&1 || echo "trace run failed"
 PYTHONUNBUFFERED=1 timeout 400 python3 .gpu-tools/vs-llama.py --tandem $B --set "$SETS" 2>&1 | tee "$OUT/vs-llama.txt"
