@@ -107,7 +107,7 @@ class Backend {
   // for the execution work submitted so far (the destination's previous readers) and then
   // signals `event` (0 <= event < kStreamEvents). wait_stream_event makes later execution wait
   // for that signal. The defaults copy in order with execution (copy_from_host; no wait needed).
-  static constexpr int kStreamEvents = 64;
+  static constexpr int kStreamEvents = 256;
   virtual void stream_from_host(void* device_dst, const void* host_src, size_t bytes, int event);
   virtual void wait_stream_event(int event);
   // Host memory this device will stream from every run (a weight in a mapped model file): the
