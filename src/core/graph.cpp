@@ -4,6 +4,7 @@
 #include <string>
 
 #include "tandem/error.h"
+#include "tandem/hash.h"
 
 namespace tandem {
 
@@ -543,7 +544,7 @@ uint64_t Graph::signature() const {
   // a plan.
   uint64_t h = 0x243F6A8885A308D3ull;
   auto mix = [&h](uint64_t v) {
-    h = (h ^ v) * 0x9E3779B97F4A7C15ull;
+    h = (h ^ v) * kGoldenRatio64;
     h ^= h >> 29;
   };
   for (size_t i = 0; i < nodes_.size(); ++i) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tandem/error.h"
+#include "tandem/hash.h"
 
 namespace tandem {
 
@@ -46,11 +47,6 @@ std::vector<OpCapability> build_capabilities() {
   add(OpKind::KvWrite, {DType::F32, DType::I32});
   add(OpKind::KvWrite, {DType::F16, DType::F32, DType::I32});
   return caps;
-}
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  return h;
 }
 
 }  // namespace
@@ -308,11 +304,11 @@ void CudaBackend::execute_segment(const Graph& graph, std::span<const NodeExecut
     scratch = std::max(scratch, cuda::op_scratch_bytes(e, sm_count_));
   }
   ensure_scratch(scratch);
-  uint64_t pointers = mix(0, reinterpret_cast<uintptr_t>(scratch_));
+  uint64_t pointers = hash_combine(0, reinterpret_cast<uintptr_t>(scratch_));
   for (const NodeExecution& e : segment) {
-    pointers = mix(pointers, reinterpret_cast<uintptr_t>(e.output.data));
+    pointers = hash_combine(pointers, reinterpret_cast<uintptr_t>(e.output.data));
     for (const TensorRef& in : e.inputs)
-      pointers = mix(pointers, reinterpret_cast<uintptr_t>(in.data));
+      pointers = hash_combine(pointers, reinterpret_cast<uintptr_t>(in.data));
   }
   auto it = graphs_.find(signature);
   if (it != graphs_.end() && it->second.pointer_hash == pointers) {

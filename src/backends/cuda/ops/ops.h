@@ -11,6 +11,7 @@
 
 #include "cuda_check.h"
 #include "tandem/backend.h"
+#include "tandem/bytes.h"
 
 namespace tandem::cuda {
 
@@ -42,6 +43,9 @@ struct OpContext {
     check_cublas(*state, s, op, call);
   }
 };
+
+// Buffers carved out of an op's scratch start at this alignment (cuBLAS wants 256 bytes).
+inline constexpr size_t kScratchAlignment = 256;
 
 // Scratch bytes a node needs (0 for most ops).
 size_t op_scratch_bytes(const NodeExecution& e, int sm_count);
