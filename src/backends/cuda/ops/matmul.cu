@@ -16,7 +16,7 @@ cudaDataType_t cuda_type(DType d) {
 
 }  // namespace
 
-size_t matmul_scratch_bytes(const NodeExecution& e) {
+size_t matmul_scratch_bytes(const NodeExecution& e, int /*sm_count*/) {
   const TensorDesc& a = *e.inputs[0].desc;
   if (a.dtype == DType::F32) return 0;
   return align_up(size_t(e.inputs[1].desc->elements()) * 2, kScratchAlignment);

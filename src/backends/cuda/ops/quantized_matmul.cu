@@ -188,7 +188,7 @@ void launch_generic_matvec(const OpContext& ctx, const NodeExecution& e) {
 
 }  // namespace
 
-size_t quantized_matmul_scratch_bytes(const NodeExecution& e) {
+size_t quantized_matmul_scratch_bytes(const NodeExecution& e, int /*sm_count*/) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
   if (b.ne[1] <= kMatvecMaxColumns) {
