@@ -17,14 +17,9 @@
 
 #include "tandem/backend.h"
 #include "tandem/graph.h"
+#include "tandem/op.h"
 
 namespace tandem {
-
-// Peak throughput is looked up per class: f32; f16 and bf16; int8 and block-quantized.
-enum class DTypeClass : uint8_t { F32, F16, Quantized };
-inline constexpr int kDTypeClassCount = 3;
-DTypeClass dtype_class(DType dtype);
-std::string_view dtype_class_name(DTypeClass c);
 
 // A link between a backend's memory and host memory (PCIe, NVLink-C2C, ...).
 struct LinkProfile {
@@ -54,16 +49,8 @@ inline constexpr double kDefaultGpuLaunchUs = 5.0;
 inline constexpr double kDefaultLinkBandwidthGbs = 25.0;
 inline constexpr double kDefaultLinkLatencyUs = 10.0;
 
-// Work of one node, counted from its shapes (formulas in docs/scheduler.md and cost_model.cpp).
-struct OpWork {
-  double flops = 0.0;
-  double bytes = 0.0;  // bytes read plus bytes written
-  DTypeClass dtype_class = DTypeClass::F32;
-};
+// Work of one node from its shapes: the op descriptor's formula (tandem/op.h, src/core/ops/).
 OpWork op_work(const Graph& graph, const Node& node);
-
-// Bytes of a tensor's elements (rows * row_bytes), whatever its strides.
-size_t data_bytes(const TensorDesc& desc);
 
 struct OpCost {
   double compute_us = 0.0;

@@ -7,6 +7,8 @@
 #include <span>
 #include <string_view>
 
+#include "tandem/blocks.h"
+
 namespace tandem {
 
 enum class DType : uint8_t { F32, F16, BF16, I32, I8, Q8_0, Q4_0 };
@@ -31,16 +33,6 @@ std::optional<DType> dtype_from_name(std::string_view name);
 // Bytes of a row of n elements; throws InvalidArgument unless n is a multiple of the block.
 size_t row_bytes(DType dtype, int64_t n);
 
-// GGUF block formats (ggml's block_q8_0 and block_q4_0): a float16 scale then the quants.
-inline constexpr int64_t kQuantBlock = 32;
-struct BlockQ8_0 {
-  uint16_t d;  // float16 scale
-  int8_t qs[kQuantBlock];
-};
-struct BlockQ4_0 {
-  uint16_t d;                   // float16 scale
-  uint8_t qs[kQuantBlock / 2];  // element j in the low nibble of qs[j], element j+16 in the high
-};
 // A product of quantized weights with fewer than this many outputs per matrix (M x N) multiplies
 // f32 activations, not 8-bit ones: with 8-bit activations one dot product of 32 terms carries
 // ~0.4% relative error, which a handful of outputs does not average out (a 1x1 product missed the
@@ -50,8 +42,6 @@ inline constexpr int64_t kMinOutputsForInt8Activations = 16;
 inline constexpr bool int8_activations(int64_t M, int64_t N) {
   return M * N >= kMinOutputsForInt8Activations;
 }
-static_assert(sizeof(BlockQ8_0) == 34);
-static_assert(sizeof(BlockQ4_0) == 18);
 
 // IEEE half and bfloat16 conversions (round to nearest even).
 uint16_t f32_to_f16(float value);

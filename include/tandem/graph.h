@@ -40,6 +40,7 @@ enum class OpKind : uint8_t {
   Dequantize,  // q8_0/q4_0/f16/bf16 -> f32
   KvWrite,     // cache[:, :, pos[t]] = src[:, :, t]; the output aliases the cache
 };
+// The built-in ops; more may be registered at run time (tandem/op.h, below kMaxOpKinds).
 inline constexpr int kOpKindCount = int(OpKind::KvWrite) + 1;
 
 std::string_view op_name(OpKind op);
@@ -126,10 +127,6 @@ class Graph {
 
  private:
   TensorId push(Node node, TensorDesc desc);
-  // Checks the inputs of one op and infers its output description.
-  void infer(OpKind op, const std::vector<TensorId>& inputs, OpParams& params, DType out_dtype,
-             const Dims* view_ne, const Dims* view_nb, int64_t view_offset, int view_dims,
-             TensorDesc& out) const;
   void check_id(TensorId id, std::string_view where) const;
 
   // signature() computed once per change of the graph (0: not yet); copies like a value.

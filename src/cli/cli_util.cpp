@@ -72,19 +72,6 @@ std::vector<int32_t> parse_ids(std::string_view text, std::string_view flag) {
   return ids;
 }
 
-std::string format_bytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = double(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
-  return buf;
-}
-
 Progress::Progress(std::string label, uint64_t total)
     : label_(std::move(label)), total_(std::max<uint64_t>(total, 1)), enabled_(isatty(2) == 1) {}
 

@@ -8,13 +8,14 @@
 #include <string_view>
 #include <vector>
 
+#include "tandem/bytes.h"
+
 namespace tandem::cli {
 
 // "8GiB", "512MiB", "1.5G", "4096" (bytes). Throws InvalidArgument naming the flag.
 uint64_t parse_size(std::string_view text, std::string_view flag);
 // "1,2,3" or "1 2 3" -> ids. Throws InvalidArgument naming the flag.
 std::vector<int32_t> parse_ids(std::string_view text, std::string_view flag);
-std::string format_bytes(uint64_t bytes);
 // Writes `text` to `path`; Io error naming `flag` when it cannot.
 void write_file(const std::string& path, const std::string& text, const char* flag);
 // llama.cpp's -e: \n \r \t \' \" \\ and \xHH become the characters; any other backslash

@@ -4,16 +4,12 @@
 #include <string>
 
 #include "tandem/error.h"
+#include "tandem/hash.h"
+#include "tandem/op.h"
 
 namespace tandem {
 
 namespace {
-
-constexpr std::string_view kOpNames[kOpKindCount] = {
-    "input",     "weight", "kv_cache", "view",      "reshape",          "permute",
-    "transpose", "copy",   "get_rows", "matmul",    "quantized_matmul", "add",
-    "mul",       "scale",  "softmax",  "rms_norm",  "layer_norm",       "rope",
-    "silu",      "gelu",   "swiglu",   "attention", "dequantize",       "kv_write"};
 
 std::string where_of(OpKind op) {
   return "graph " + std::string(op_name(op));
@@ -23,63 +19,7 @@ std::string where_of(OpKind op) {
   throw_error(ErrorCode::InvalidArgument, where_of(op), message);
 }
 
-void expect_dtype(OpKind op, const TensorDesc& t, std::initializer_list<DType> allowed,
-                  const char* what) {
-  for (DType d : allowed) {
-    if (t.dtype == d) return;
-  }
-  std::string list;
-  for (DType d : allowed) list += (list.empty() ? "" : ", ") + std::string(dtype_name(d));
-  fail(op, std::string(what) + " '" + t.name + "' has dtype " + std::string(dtype_name(t.dtype)) +
-               " (expected " + list + ")");
-}
-
-void expect_contiguous(OpKind op, const TensorDesc& t) {
-  if (!t.is_contiguous()) {
-    fail(op, "input '" + t.name + "' " + shape_string(t) + " is not contiguous (insert a copy)");
-  }
-}
-
-void expect_same_shape(OpKind op, const TensorDesc& a, const TensorDesc& b) {
-  if (!a.same_shape(b)) {
-    fail(op, "shapes differ: '" + a.name + "' " + shape_string(a) + " vs '" + b.name + "' " +
-                 shape_string(b));
-  }
-}
-
-bool broadcasts(const TensorDesc& a, const TensorDesc& b) {
-  for (int i = 0; i < kMaxDims; ++i) {
-    if (a.ne[size_t(i)] % b.ne[size_t(i)] != 0) return false;
-  }
-  return true;
-}
-
-TensorDesc contiguous(DType dtype, const Dims& ne, int n_dims) {
-  return make_tensor_desc("", dtype, ne, n_dims);
-}
-
 }  // namespace
-
-std::string_view op_name(OpKind op) {
-  auto i = size_t(op);
-  return i < size_t(kOpKindCount) ? kOpNames[i] : std::string_view("unknown");
-}
-
-std::optional<OpKind> op_from_name(std::string_view name) {
-  for (int i = 0; i < kOpKindCount; ++i) {
-    if (kOpNames[size_t(i)] == name) return OpKind(i);
-  }
-  return std::nullopt;
-}
-
-bool is_leaf(OpKind op) {
-  return op == OpKind::Input || op == OpKind::Weight || op == OpKind::KvCache;
-}
-
-bool is_metadata(OpKind op) {
-  return op == OpKind::View || op == OpKind::Reshape || op == OpKind::Permute ||
-         op == OpKind::Transpose;
-}
 
 void Graph::check_id(TensorId id, std::string_view where) const {
   if (id < 0 || size_t(id) >= tensors_.size()) {
@@ -140,282 +80,44 @@ TensorId Graph::kv_cache(std::string name, DType dtype, std::initializer_list<in
 TensorId Graph::add_node(OpKind op, std::vector<TensorId> inputs, OpParams params, DType out_dtype,
                          const Dims* view_ne, const Dims* view_nb, int64_t view_offset,
                          int view_dims) {
-  if (size_t(op) >= size_t(kOpKindCount)) {
+  const OpDescriptor* d = find_op_descriptor(op);
+  if (!d) {
     throw_error(ErrorCode::InvalidArgument, "graph", "unknown op " + std::to_string(int(op)));
   }
-  if (is_leaf(op)) fail(op, "leaves are added with input(), weight() or kv_cache()");
+  if (d->op_class == OpClass::Leaf)
+    fail(op, "leaves are added with input(), weight() or kv_cache()");
   for (TensorId id : inputs) check_id(id, where_of(op));
-
-  for (TensorId id : inputs) {
-    if (op != OpKind::Copy && !is_metadata(op)) expect_contiguous(op, tensors_[size_t(id)]);
+  if (inputs.size() < size_t(d->min_inputs) || inputs.size() > size_t(d->max_inputs)) {
+    fail(op, "takes " + std::to_string(d->min_inputs) +
+                 (d->min_inputs == d->max_inputs ? "" : " to " + std::to_string(d->max_inputs)) +
+                 " inputs (got " + std::to_string(inputs.size()) + ")");
+  }
+  if (d->op_class == OpClass::Compute && !d->strided_inputs) {
+    for (TensorId id : inputs) {
+      const TensorDesc& t = tensors_[size_t(id)];
+      if (!t.is_contiguous()) {
+        fail(op,
+             "input '" + t.name + "' " + shape_string(t) + " is not contiguous (insert a copy)");
+      }
+    }
   }
 
   TensorDesc out;
   try {
-    infer(op, inputs, params, out_dtype, view_ne, view_nb, view_offset, view_dims, out);
+    OpInference inference{*this,   op,      inputs,      params,   out_dtype,
+                          view_ne, view_nb, view_offset, view_dims};
+    out = d->infer(inference);
   } catch (const Error& e) {
     // A shape error from make_tensor_desc names no op; report it as this op's.
     if (e.where().starts_with("graph")) throw;
     fail(op, e.message());
   }
-  if (!is_metadata(op) && op != OpKind::KvWrite) out.role = TensorRole::Activation;
+  if (d->op_class == OpClass::Compute && !d->aliases_output) out.role = TensorRole::Activation;
   Node n;
   n.op = op;
   n.inputs = std::move(inputs);
   n.params = params;
   return push(std::move(n), std::move(out));
-}
-
-void Graph::infer(OpKind op, const std::vector<TensorId>& inputs, OpParams& params, DType out_dtype,
-                  const Dims* view_ne, const Dims* view_nb, int64_t view_offset, int view_dims,
-                  TensorDesc& out) const {
-  auto arity = [&](size_t lo, size_t hi) {
-    if (inputs.size() < lo || inputs.size() > hi) {
-      fail(op, "takes " + std::to_string(lo) + (lo == hi ? "" : " to " + std::to_string(hi)) +
-                   " inputs (got " + std::to_string(inputs.size()) + ")");
-    }
-  };
-  auto in = [&](size_t i) -> const TensorDesc& { return tensors_[size_t(inputs[i])]; };
-  switch (op) {
-    case OpKind::Copy: {
-      arity(1, 1);
-      const TensorDesc& a = in(0);
-      bool a_int = a.dtype == DType::I32 || a.dtype == DType::I8;
-      bool o_int = out_dtype == DType::I32 || out_dtype == DType::I8;
-      if (a_int != o_int || (a_int && a.dtype != out_dtype)) {
-        fail(op, "cannot convert " + std::string(dtype_name(a.dtype)) + " to " +
-                     std::string(dtype_name(out_dtype)));
-      }
-      if ((dtype_traits(a.dtype).is_quantized || dtype_traits(out_dtype).is_quantized) &&
-          !a.is_contiguous()) {
-        fail(op, "a quantized copy needs a contiguous input");
-      }
-      out = contiguous(out_dtype, a.ne, a.n_dims);
-      break;
-    }
-    case OpKind::GetRows: {
-      arity(2, 2);
-      const TensorDesc &table = in(0), &ids = in(1);
-      expect_dtype(op, table, {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0},
-                   "table");
-      expect_dtype(op, ids, {DType::I32}, "ids");
-      if (table.n_dims != 2 || ids.n_dims != 1) {
-        fail(op, "needs a 2-d table and 1-d ids (got " + shape_string(table) + ", " +
-                     shape_string(ids) + ")");
-      }
-      out = contiguous(DType::F32, {table.ne[0], ids.ne[0], 1, 1}, 2);
-      break;
-    }
-    case OpKind::MatMul:
-    case OpKind::QuantizedMatMul: {
-      arity(2, 2);
-      const TensorDesc &a = in(0), &b = in(1);
-      if (op == OpKind::MatMul) {
-        expect_dtype(op, a, {DType::F32, DType::F16, DType::BF16}, "a");
-      } else {
-        expect_dtype(op, a, {DType::Q8_0, DType::Q4_0}, "a");
-      }
-      expect_dtype(op, b, {DType::F32}, "b");
-      if (a.ne[0] != b.ne[0]) {
-        fail(op, "inner dims differ: '" + a.name + "' " + shape_string(a) + " vs '" + b.name +
-                     "' " + shape_string(b));
-      }
-      if (b.ne[2] % a.ne[2] != 0 || b.ne[3] % a.ne[3] != 0) {
-        fail(op, "batch dims of '" + a.name + "' " + shape_string(a) + " do not divide '" + b.name +
-                     "' " + shape_string(b));
-      }
-      out = contiguous(DType::F32, {a.ne[1], b.ne[1], b.ne[2], b.ne[3]}, std::max(2, b.n_dims));
-      break;
-    }
-    case OpKind::Add:
-    case OpKind::Mul: {
-      arity(2, 2);
-      const TensorDesc &a = in(0), &b = in(1);
-      expect_dtype(op, a, {DType::F32}, "a");
-      expect_dtype(op, b, {DType::F32}, "b");
-      if (!broadcasts(a, b)) {
-        fail(op, "'" + b.name + "' " + shape_string(b) + " does not broadcast to '" + a.name +
-                     "' " + shape_string(a));
-      }
-      out = contiguous(DType::F32, a.ne, a.n_dims);
-      break;
-    }
-    case OpKind::Scale:
-    case OpKind::Silu:
-    case OpKind::Gelu: {
-      arity(1, 1);
-      expect_dtype(op, in(0), {DType::F32}, "input");
-      out = contiguous(DType::F32, in(0).ne, in(0).n_dims);
-      break;
-    }
-    case OpKind::Softmax: {
-      arity(1, 2);
-      const TensorDesc& a = in(0);
-      expect_dtype(op, a, {DType::F32}, "input");
-      if (inputs.size() == 2) {
-        const TensorDesc& m = in(1);
-        expect_dtype(op, m, {DType::F32}, "mask");
-        if (m.ne[0] != a.ne[0] || m.ne[1] < a.ne[1] || m.ne[2] != 1 || m.ne[3] != 1) {
-          fail(op, "mask " + shape_string(m) + " must be [" + std::to_string(a.ne[0]) +
-                       ", >= " + std::to_string(a.ne[1]) + "]");
-        }
-      }
-      out = contiguous(DType::F32, a.ne, a.n_dims);
-      break;
-    }
-    case OpKind::RmsNorm:
-    case OpKind::LayerNorm: {
-      arity(1, op == OpKind::RmsNorm ? 2 : 3);
-      const TensorDesc& x = in(0);
-      expect_dtype(op, x, {DType::F32}, "x");
-      for (size_t i = 1; i < inputs.size(); ++i) {
-        expect_dtype(op, in(i), {DType::F32}, "weight");
-        if (in(i).elements() != x.ne[0]) {
-          fail(op, "weight '" + in(i).name + "' " + shape_string(in(i)) + " must have " +
-                       std::to_string(x.ne[0]) + " elements");
-        }
-      }
-      if (!(params.eps >= 0.0f)) fail(op, "eps must be >= 0");
-      out = contiguous(DType::F32, x.ne, x.n_dims);
-      break;
-    }
-    case OpKind::Rope: {
-      arity(2, 2);
-      const TensorDesc &x = in(0), &pos = in(1);
-      expect_dtype(op, x, {DType::F32}, "x");
-      expect_dtype(op, pos, {DType::I32}, "positions");
-      if (x.n_dims > 3 || pos.elements() != x.ne[2]) {
-        fail(op, "x " + shape_string(x) + " must be [head_dim, heads, tokens] with one position " +
-                     "per token (got " + std::to_string(pos.elements()) + ")");
-      }
-      if (params.n_rot <= 0 || params.n_rot % 2 != 0 || params.n_rot > x.ne[0]) {
-        fail(op, "n_rot " + std::to_string(params.n_rot) + " must be even and in [2, " +
-                     std::to_string(x.ne[0]) + "]");
-      }
-      if (!(params.freq_base > 0.0f)) fail(op, "freq_base must be > 0");
-      out = contiguous(DType::F32, x.ne, x.n_dims);
-      break;
-    }
-    case OpKind::SwiGlu: {
-      arity(2, 2);
-      expect_dtype(op, in(0), {DType::F32}, "gate");
-      expect_dtype(op, in(1), {DType::F32}, "up");
-      expect_same_shape(op, in(0), in(1));
-      out = contiguous(DType::F32, in(0).ne, in(0).n_dims);
-      break;
-    }
-    case OpKind::Attention: {
-      arity(4, 4);
-      const TensorDesc &q = in(0), &k = in(1), &v = in(2), &pos = in(3);
-      expect_dtype(op, q, {DType::F32}, "q");
-      expect_dtype(op, k, {DType::F32, DType::F16}, "k");
-      expect_dtype(op, v, {DType::F32, DType::F16}, "v");
-      expect_dtype(op, pos, {DType::I32}, "positions");
-      expect_same_shape(op, k, v);
-      if (k.dtype != v.dtype) fail(op, "k and v dtypes differ");
-      if (q.n_dims > 3 || k.n_dims > 3 || q.ne[0] != k.ne[0]) {
-        fail(op, "q " + shape_string(q) + " and k " + shape_string(k) +
-                     " must be [head_dim, heads, tokens] and [head_dim, kv_heads, context]");
-      }
-      if (q.ne[1] % k.ne[1] != 0) {
-        fail(op, "query heads " + std::to_string(q.ne[1]) + " are not a multiple of kv heads " +
-                     std::to_string(k.ne[1]));
-      }
-      if (pos.elements() != q.ne[2]) fail(op, "needs one position per query token");
-      out = contiguous(DType::F32, q.ne, q.n_dims);
-      break;
-    }
-    case OpKind::Dequantize: {
-      arity(1, 1);
-      expect_dtype(op, in(0), {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}, "input");
-      out = contiguous(DType::F32, in(0).ne, in(0).n_dims);
-      break;
-    }
-    case OpKind::KvWrite: {
-      arity(3, 3);
-      const TensorDesc &cache = in(0), &src = in(1), &pos = in(2);
-      expect_dtype(op, cache, {DType::F32, DType::F16}, "cache");
-      expect_dtype(op, src, {DType::F32}, "src");
-      expect_dtype(op, pos, {DType::I32}, "positions");
-      if (cache.n_dims > 3 || src.ne[0] != cache.ne[0] || src.ne[1] != cache.ne[1] ||
-          src.ne[3] != 1 || pos.elements() != src.ne[2]) {
-        fail(op, "src " + shape_string(src) + " must be [" + std::to_string(cache.ne[0]) + ", " +
-                     std::to_string(cache.ne[1]) + ", tokens] with one position per token");
-      }
-      out = cache;  // the output aliases the cache's storage
-      out.name.clear();
-      out.view_of = storage_of(inputs[0]);
-      out.role = TensorRole::KvCache;
-      break;
-    }
-    case OpKind::View: {
-      arity(1, 1);
-      const TensorDesc& a = in(0);
-      if (!view_ne || !view_nb || view_dims < 1 || view_dims > kMaxDims) {
-        fail(op, "needs dims and strides");
-      }
-      out = make_tensor_desc("", a.dtype, *view_ne, view_dims);
-      for (int i = 0; i < view_dims; ++i) out.nb[size_t(i)] = (*view_nb)[size_t(i)];
-      for (int i = view_dims; i < kMaxDims; ++i)
-        out.nb[size_t(i)] = out.nb[size_t(view_dims - 1)] * out.ne[size_t(view_dims - 1)];
-      if (out.nb[0] != dtype_traits(a.dtype).block_bytes) {
-        fail(op, "the first stride must be one element (" +
-                     std::to_string(dtype_traits(a.dtype).block_bytes) + " bytes)");
-      }
-      for (int i = 1; i < kMaxDims; ++i) {
-        if (out.nb[size_t(i)] <= 0) fail(op, "strides must be positive");
-      }
-      if (view_offset < 0 || size_t(view_offset) + out.bytes() > a.bytes()) {
-        fail(op, "view of " + std::to_string(out.bytes()) + " bytes at offset " +
-                     std::to_string(view_offset) + " exceeds '" + a.name + "' (" +
-                     std::to_string(a.bytes()) + " bytes)");
-      }
-      out.view_of = storage_of(inputs[0]);
-      out.view_offset = a.view_offset + view_offset;
-      break;
-    }
-    case OpKind::Reshape: {
-      arity(1, 1);
-      const TensorDesc& a = in(0);
-      if (!view_ne || view_dims < 1) fail(op, "needs dims");
-      if (!a.is_contiguous()) fail(op, "input '" + a.name + "' is not contiguous");
-      out = make_tensor_desc("", a.dtype, *view_ne, view_dims);
-      if (out.elements() != a.elements()) {
-        fail(op, "cannot reshape " + shape_string(a) + " to " + shape_string(out) +
-                     " (element counts differ)");
-      }
-      out.view_of = storage_of(inputs[0]);
-      out.view_offset = a.view_offset;
-      break;
-    }
-    case OpKind::Permute:
-    case OpKind::Transpose: {
-      arity(1, 1);
-      const TensorDesc& a = in(0);
-      if (dtype_traits(a.dtype).is_quantized) fail(op, "cannot permute a quantized tensor");
-      if (op == OpKind::Transpose) params.axes = {1, 0, 2, 3};
-      std::array<bool, kMaxDims> seen{};
-      for (int32_t ax : params.axes) {
-        if (ax < 0 || ax >= kMaxDims || seen[size_t(ax)])
-          fail(op, "axes must be a permutation of 0..3");
-        seen[size_t(ax)] = true;
-      }
-      out = a;
-      out.name.clear();
-      for (int i = 0; i < kMaxDims; ++i) {
-        out.ne[size_t(params.axes[size_t(i)])] = a.ne[size_t(i)];
-        out.nb[size_t(params.axes[size_t(i)])] = a.nb[size_t(i)];
-      }
-      out.n_dims =
-          std::max(a.n_dims,
-                   int(*std::max_element(params.axes.begin(), params.axes.begin() + a.n_dims)) + 1);
-      out.role = TensorRole::Activation;
-      out.view_of = storage_of(inputs[0]);
-      break;
-    }
-    default:
-      fail(op, "unknown op");
-  }
 }
 
 TensorId Graph::copy(TensorId a, DType dtype) {
@@ -543,7 +245,7 @@ uint64_t Graph::signature() const {
   // a plan.
   uint64_t h = 0x243F6A8885A308D3ull;
   auto mix = [&h](uint64_t v) {
-    h = (h ^ v) * 0x9E3779B97F4A7C15ull;
+    h = (h ^ v) * kGoldenRatio64;
     h ^= h >> 29;
   };
   for (size_t i = 0; i < nodes_.size(); ++i) {

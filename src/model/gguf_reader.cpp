@@ -46,42 +46,15 @@ std::string_view value_type_name(ValueType type) {
 }
 
 std::optional<DType> dtype_from_gguf(uint32_t ggml_type) {
-  switch (ggml_type) {
-    case 0:
-      return DType::F32;
-    case 1:
-      return DType::F16;
-    case 2:
-      return DType::Q4_0;
-    case 8:
-      return DType::Q8_0;
-    case 24:
-      return DType::I8;
-    case 26:
-      return DType::I32;
-    case 30:
-      return DType::BF16;
-    default:
-      return std::nullopt;
+  for (const TensorTypeId& t : kTensorTypes) {
+    if (uint32_t(t.id) == ggml_type) return t.dtype;
   }
+  return std::nullopt;
 }
 
 uint32_t dtype_to_gguf(DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-      return 0;
-    case DType::F16:
-      return 1;
-    case DType::Q4_0:
-      return 2;
-    case DType::Q8_0:
-      return 8;
-    case DType::I8:
-      return 24;
-    case DType::I32:
-      return 26;
-    case DType::BF16:
-      return 30;
+  for (const TensorTypeId& t : kTensorTypes) {
+    if (t.dtype == dtype) return uint32_t(t.id);
   }
   throw_error(ErrorCode::InvalidArgument, "gguf", "dtype has no GGUF id");
 }

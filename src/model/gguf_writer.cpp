@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "mapped_file.h"
+#include "tandem/bytes.h"
 #include "tandem/error.h"
 #include "tandem/model/gguf.h"
 
@@ -255,10 +256,6 @@ void put_value(Sink& s, const std::string& key, const Value& v) {
   } else {
     put_scalar(s, v.type, v.u, v.i, v.f, key);
   }
-}
-
-size_t align_up(size_t n, size_t alignment) {
-  return (n + alignment - 1) / alignment * alignment;
 }
 
 }  // namespace

@@ -14,22 +14,13 @@
 #include <unordered_set>
 
 #include "tandem/error.h"
+#include "tandem/hash.h"
 #include "tandem/model/llama_config.h"
 
 namespace tandem {
 namespace {
 
 const std::string kWhere = "synthetic";
-
-struct SplitMix64 {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-};
 
 uint64_t mix(uint64_t a, uint64_t b) {
   return SplitMix64{a ^ (b * 0xd6e8feb86659fd93ull)}.next();

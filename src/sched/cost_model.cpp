@@ -11,120 +11,13 @@
 
 namespace tandem {
 
-DTypeClass dtype_class(DType dtype) {
-  switch (dtype) {
-    case DType::F16:
-    case DType::BF16:
-      return DTypeClass::F16;
-    case DType::I8:
-    case DType::Q8_0:
-    case DType::Q4_0:
-      return DTypeClass::Quantized;
-    default:
-      return DTypeClass::F32;
-  }
-}
-
-std::string_view dtype_class_name(DTypeClass c) {
-  switch (c) {
-    case DTypeClass::F32:
-      return "f32";
-    case DTypeClass::F16:
-      return "f16";
-    case DTypeClass::Quantized:
-      return "quantized";
-  }
-  return "unknown";
-}
-
-size_t data_bytes(const TensorDesc& desc) {
-  return row_bytes(desc.dtype, desc.ne[0]) * size_t(desc.rows());
-}
-
 OpWork op_work(const Graph& graph, const Node& node) {
   OpWork w;
   if (!is_compute(node.op)) return w;
-  auto in = [&](size_t i) -> const TensorDesc& { return graph.tensor(node.inputs[i]); };
-  const TensorDesc& out = graph.tensor(node.id);
-  const auto n = double(out.elements());
-  double in_bytes = 0.0;
-  for (TensorId id : node.inputs) in_bytes += double(data_bytes(graph.tensor(id)));
-  // Most ops read every input once and write their output once.
-  w.bytes = in_bytes + double(data_bytes(out));
-  switch (node.op) {
-    case OpKind::Copy:
-      w.flops = in(0).dtype == out.dtype ? 0.0 : n;  // one conversion per element
-      break;
-    case OpKind::GetRows: {
-      // Only the selected rows of the table are read.
-      const TensorDesc& table = in(0);
-      w.bytes = double(data_bytes(in(1))) +
-                double(in(1).ne[0]) * double(row_bytes(table.dtype, table.ne[0])) +
-                double(data_bytes(out));
-      w.dtype_class = dtype_class(table.dtype);
-      break;
-    }
-    case OpKind::MatMul:
-    case OpKind::QuantizedMatMul: {
-      const TensorDesc &a = in(0), &b = in(1);
-      w.flops = 2.0 * double(a.ne[0]) * double(a.ne[1]) * double(b.ne[1]) * double(b.ne[2]) *
-                double(b.ne[3]);
-      w.dtype_class = dtype_class(a.dtype);
-      break;
-    }
-    case OpKind::Add:
-    case OpKind::Mul:
-    case OpKind::Scale:
-      w.flops = n;
-      break;
-    case OpKind::Silu:
-      w.flops = 4.0 * n;  // negate, exp, add, divide
-      break;
-    case OpKind::Gelu:
-      w.flops = 8.0 * n;  // the tanh approximation
-      break;
-    case OpKind::SwiGlu:
-      w.flops = 5.0 * n;  // silu then multiply
-      break;
-    case OpKind::Softmax:
-      // scale, max, subtract, exp, sum, divide (+ mask add)
-      w.flops = (6.0 + (node.inputs.size() > 1 ? 1.0 : 0.0)) * n;
-      break;
-    case OpKind::RmsNorm:
-      w.flops = (3.0 + (node.inputs.size() > 1 ? 1.0 : 0.0)) * n;  // square, add, scale [* w]
-      break;
-    case OpKind::LayerNorm:
-      // mean add, subtract, square, add, scale [* w] [+ b]
-      w.flops = (5.0 + double(node.inputs.size() - 1)) * n;
-      break;
-    case OpKind::Rope:
-      // 6 per rotated pair (4 multiplies, 2 adds), n_rot/2 pairs per row
-      w.flops = 3.0 * double(node.params.n_rot) * double(in(0).rows());
-      break;
-    case OpKind::Attention: {
-      // Every query head attends over the whole cache length C (positions are data, so C is
-      // the planning bound): 2D for q.k, 2D for p.v, 5 for scale, max, exp, sum, divide.
-      const TensorDesc &q = in(0), &k = in(1);
-      const double D = double(q.ne[0]), Hq = double(q.ne[1]), T = double(q.ne[2]),
-                   C = double(k.ne[2]);
-      w.flops = Hq * T * C * (4.0 * D + 5.0);
-      w.dtype_class = DTypeClass::F32;
-      break;
-    }
-    case OpKind::Dequantize:
-      w.flops = n;  // one scale multiply per element
-      w.dtype_class = dtype_class(in(0).dtype);
-      break;
-    case OpKind::KvWrite: {
-      // Reads src and positions, writes T rows of the cache (not the whole cache).
-      const TensorDesc &cache = in(0), &src = in(1);
-      w.bytes = double(data_bytes(src)) + double(data_bytes(in(2))) +
-                double(src.ne[2]) * double(row_bytes(cache.dtype, cache.ne[0] * cache.ne[1]));
-      break;
-    }
-    default:
-      break;
-  }
+  // Most ops read every input once and write their output once; the descriptor says otherwise.
+  for (TensorId id : node.inputs) w.bytes += double(data_bytes(graph.tensor(id)));
+  w.bytes += double(data_bytes(graph.tensor(node.id)));
+  if (const auto work = op_descriptor(node.op).work) work(graph, node, w);
   return w;
 }
 

@@ -9,7 +9,9 @@
 #include <string>
 
 #include "executor_impl.h"
+#include "tandem/bytes.h"
 #include "tandem/error.h"
+#include "tandem/hash.h"
 
 namespace tandem {
 
@@ -17,18 +19,9 @@ namespace {
 
 constexpr size_t kSlotAlignment = 256;
 
-size_t align_up(size_t n) {
-  return (n + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
-}
-
 // Unique across executors sharing a backend: a segment signature must never name two pointer
 // sets, or a backend replaying captured work would use stale pointers.
 std::atomic<uint64_t> g_plan_serial{1};
-
-uint64_t mix64(uint64_t h, uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  return h;
-}
 
 // First-fit offsets per group, largest slots first, against slots whose lifetimes overlap.
 std::vector<size_t> assign_offsets(std::vector<Slot>& slots, int n_groups) {
@@ -45,17 +38,18 @@ std::vector<size_t> assign_offsets(std::vector<Slot>& slots, int n_groups) {
     for (size_t p : placed) {
       const Slot& o = slots[p];
       if (o.group == s.group && o.start <= s.end && s.start <= o.end) {
-        busy.emplace_back(o.offset, o.offset + align_up(o.bytes));
+        busy.emplace_back(o.offset, o.offset + align_up(o.bytes, kSlotAlignment));
       }
     }
     std::sort(busy.begin(), busy.end());
     size_t offset = 0;
     for (const auto& [lo, hi] : busy) {
-      if (offset + align_up(s.bytes) <= lo) break;
+      if (offset + align_up(s.bytes, kSlotAlignment) <= lo) break;
       offset = std::max(offset, hi);
     }
     s.offset = offset;
-    arena[size_t(s.group)] = std::max(arena[size_t(s.group)], offset + align_up(s.bytes));
+    arena[size_t(s.group)] =
+        std::max(arena[size_t(s.group)], offset + align_up(s.bytes, kSlotAlignment));
     placed.push_back(idx);
   }
   return arena;
@@ -130,8 +124,8 @@ void schedule_streamed_copies(ExecPlan& plan, const std::vector<size_t>& staging
     while (!d.in_flight.empty() && full()) retire();
     // Copies share the host-to-device link with activation copies, in the order issued: an
     // activation copy that an op before this copy's reader needs goes first.
-    insert[k] = std::max(std::min(d.point, wait_step[k]),
-                         after_transfer[size_t(c.backend)][wait_step[k]]);
+    insert[k] =
+        std::max(std::min(d.point, wait_step[k]), after_transfer[size_t(c.backend)][wait_step[k]]);
     d.point = insert[k];
     c.event = int(d.issued++ % size_t(Backend::kStreamEvents));
     d.in_flight.push_back(k);
@@ -344,7 +338,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     for (size_t w : waits) plan->steps.push_back({StepKind::Wait, w, 0, seg_backend, 0});
     waits.clear();
     Step s{StepKind::Segment, seg_first, plan->execs.size() - seg_first, seg_backend, 0};
-    s.signature = mix64(mix64(plan->key, serial), plan->steps.size());
+    s.signature = hash_combine(hash_combine(plan->key, serial), plan->steps.size());
     plan->steps.push_back(s);
   };
   auto new_slot = [&](int g, size_t bytes, int start, int end) {
@@ -397,7 +391,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
       t.src = ptr[size_t(s) * G + size_t(sg)];
       if (sg != 0 && g != 0) {
         t.staging_offset = staging;
-        staging += align_up(t.bytes);
+        staging += align_up(t.bytes, kSlotAlignment);
       }
     }
     // The copy runs before the segment, so the slot is live from the segment's start.
@@ -491,7 +485,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
       out.src = ptr[size_t(s) * G + size_t(sg)];
       if (sg != 0) {
         out.staging_offset = staging;
-        staging += align_up(out.bytes);
+        staging += align_up(out.bytes, kSlotAlignment);
       }
     }
     out.src.offset += size_t(d.view_offset);

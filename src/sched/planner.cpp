@@ -5,6 +5,7 @@
 #include <numeric>
 #include <string>
 
+#include "tandem/bytes.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -15,18 +16,6 @@ using Kind = SelectionReason::Kind;
 constexpr uint64_t kHostBit = 1;  // group 0: host memory
 uint64_t bit(int group) {
   return 1ull << group;
-}
-
-std::string mib(size_t bytes) {
-  char buf[48];
-  if (bytes < 1024) {
-    std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  } else if (bytes < (size_t(1) << 20)) {
-    std::snprintf(buf, sizeof buf, "%.1f KiB", double(bytes) / 1024.0);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / (1024.0 * 1024.0));
-  }
-  return buf;
 }
 
 std::string node_label(const Graph& g, const Node& n) {
@@ -246,8 +235,9 @@ class Walk {
         e.free = exhaust_free_[b];
         e.memory_detail = exhaust_detail_[b];
       } else if (!e.fits) {
-        e.memory_detail = id + " needs " + mib(e.needed) + " (" + mib(persistent) +
-                          " persistent), its budget has " + mib(e.free) + " free";
+        e.memory_detail = id + " needs " + format_bytes(e.needed) + " (" +
+                          format_bytes(persistent) + " persistent), its budget has " +
+                          format_bytes(e.free) + " free";
         // A device that refused a weight takes no later op that needs new memory or reads
         // nothing on it, as llama.cpp's -ngl: a prefix on the device, no ping-pong after.
         if (gb != 0 && persistent > 0 && e.check.ok()) {
@@ -343,8 +333,9 @@ class Walk {
     r.kind = Kind::Streamed;
     char buf[192];
     std::snprintf(buf, sizeof buf, "%s streams %s of host weights: %.1f us vs %.1f us on %s",
-                  c_.backends[size_t(b)]->backend_id().c_str(), mib(se.weight_bytes).c_str(),
-                  se.cost.total_us(), host >= 0 ? evals_[size_t(host)].cost.total_us() : 0.0,
+                  c_.backends[size_t(b)]->backend_id().c_str(),
+                  format_bytes(se.weight_bytes).c_str(), se.cost.total_us(),
+                  host >= 0 ? evals_[size_t(host)].cost.total_us() : 0.0,
                   host >= 0 ? c_.backends[size_t(host)]->backend_id().c_str() : "none");
     r.why = why.empty() ? std::string(buf) : why + "; " + buf;
     if (host >= 0)

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "pin_matcher.h"
+#include "tandem/op.h"
 #include "tandem/scheduler.h"
 
 namespace tandem {
@@ -24,7 +25,7 @@ struct PlannerConfig {
   std::vector<TensorPin> tensor_pins;
   std::vector<int> tensor_pin_backend;
   std::unique_ptr<PinMatcher> pin_matcher;
-  std::array<int, kOpKindCount> op_pin{};
+  std::array<int, kMaxOpKinds> op_pin{};  // by OpKind, registered ops included
   double switch_threshold = kDefaultSwitchThreshold;
   CostModel cost_model;
 };

@@ -10,6 +10,7 @@
 
 #include "planner.h"
 #include "tandem/error.h"
+#include "tandem/hash.h"
 
 namespace tandem {
 
@@ -99,7 +100,7 @@ namespace {
 uint64_t entry_hash(std::string_view backend_id, std::string_view tensor) {
   uint64_t a = std::hash<std::string_view>{}(backend_id);
   uint64_t b = std::hash<std::string_view>{}(tensor);
-  return (a * 0x9E3779B97F4A7C15ull) ^ (b + 0x632BE59BD9B4E019ull + (a << 6) + (a >> 2));
+  return hash_combine(a * kGoldenRatio64, b);
 }
 }  // namespace
 
@@ -306,11 +307,6 @@ HybridScheduler::~HybridScheduler() = default;
 
 namespace {
 constexpr size_t kMaxCachedPlans = 64;
-
-uint64_t mix64(uint64_t h, uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  return h;
-}
 }  // namespace
 
 std::shared_ptr<const Placement> HybridScheduler::plan(const Graph& graph,
@@ -319,15 +315,15 @@ std::shared_ptr<const Placement> HybridScheduler::plan(const Graph& graph,
   // Names are not in the signature but pins, residency and bindings key on them.
   uint64_t key = signature;
   for (const Node& n : graph.nodes()) {
-    if (is_leaf(n.op)) key = mix64(key, std::hash<std::string>{}(graph.tensor(n.id).name));
+    if (is_leaf(n.op)) key = hash_combine(key, std::hash<std::string>{}(graph.tensor(n.id).name));
   }
-  key = mix64(key, residency.hash());
+  key = hash_combine(key, residency.hash());
   // A device lost since the last plan must not be chosen again.
   uint64_t lost = 0;
   for (size_t b = 0; b < impl_->config->backends.size(); ++b) {
     if (impl_->config->backends[b]->lost()) lost |= 1ull << b;
   }
-  key = mix64(key, lost);
+  key = hash_combine(key, lost);
   {
     std::lock_guard lock(impl_->mutex);
     auto it = impl_->cache.find(key);

@@ -1,10 +1,12 @@
 // The case catalog: every dtype combination the Graph builder accepts for every compute op,
 // at shapes of 1, odd sizes, non-multiples of 32 (where the dtype allows) and large sizes.
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "harness.h"
+#include "tandem/kernel_table.h"
 
 namespace tandem::conformance {
 
@@ -358,9 +360,12 @@ void kv_write_cases(Catalog& cat) {
   }
 }
 
-}  // namespace
+std::map<OpKind, CaseGenerator>& registered_generators() {
+  static std::map<OpKind, CaseGenerator> generators;
+  return generators;
+}
 
-std::vector<Case> all_cases(bool large) {
+std::vector<Case> builtin_cases(bool large) {
   Catalog cat(large);
   copy_cases(cat);
   get_rows_cases(cat);
@@ -373,6 +378,38 @@ std::vector<Case> all_cases(bool large) {
   dequantize_cases(cat);
   kv_write_cases(cat);
   return cat.take();
+}
+
+}  // namespace
+
+void register_case_generator(OpKind op, CaseGenerator generator) {
+  registered_generators()[op] = generator;
+}
+
+std::vector<Case> cases_for(OpKind op, bool large) {
+  std::vector<Case> out;
+  if (auto it = registered_generators().find(op); it != registered_generators().end()) {
+    it->second(out, large);
+    return out;
+  }
+  for (Case& c : builtin_cases(large)) {
+    if (c.node().op == op) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::vector<Case> all_cases(bool large) {
+  std::vector<Case> out = builtin_cases(large);
+  for (const auto& [op, generator] : registered_generators()) generator(out, large);
+  return out;
+}
+
+int dispatch_row(const Backend& backend, const Case& c) {
+  const std::vector<OpCapability>& rows = backend.capabilities();
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (row_covers(rows[r], c.graph, c.node(), backend.features())) return int(r);
+  }
+  return -1;
 }
 
 }  // namespace tandem::conformance

@@ -11,6 +11,7 @@
 
 #include "reference_backend.h"
 #include "tandem/error.h"
+#include "tandem/hash.h"
 
 namespace tandem::conformance {
 
@@ -19,13 +20,8 @@ namespace {
 // splitmix64: fast enough to fill 16M-element weights, and seeded per case.
 class Rng {
  public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+  explicit Rng(uint64_t seed) : state_{seed} {}
+  uint64_t next() { return state_.next(); }
   // Uniform in [-1, 1], never zero (and never so small that it is a zero in disguise).
   float unit() {
     for (;;) {
@@ -36,7 +32,7 @@ class Rng {
   int64_t below(int64_t n) { return int64_t(next() % uint64_t(n)); }
 
  private:
-  uint64_t state_;
+  SplitMix64 state_;
 };
 
 std::vector<uint8_t> make_leaf_data(const TensorDesc& d, const LeafFill& f, Rng& rng) {

@@ -60,6 +60,18 @@ struct Case {
 // shapes of 1, odd sizes, sizes that are not multiples of 32 (where the dtype allows) and
 // large sizes (large = false leaves the large ones out).
 std::vector<Case> all_cases(bool large = true);
+// A case generator adds every case of one op (large = false leaves the large ones out). The
+// built-in ops' generators are in cases.cpp; an op registered outside the library adds its own.
+using CaseGenerator = void (*)(std::vector<Case>& out, bool large);
+void register_case_generator(OpKind op, CaseGenerator generator);
+// The cases of one op: its catalog entry (empty when it has none).
+std::vector<Case> cases_for(OpKind op, bool large = true);
+
+// The row of `backend`'s capability table that runs a case's node: the first row covering it,
+// as dispatch picks it (-1: no row does). Cases are enumerated per row from this, so a row
+// whose kernel is wrong fails its cases and a row that no case reaches is reported.
+int dispatch_row(const Backend& backend, const Case& c);
+
 // The threshold for a node (by op and output dtype).
 double threshold_for(const Graph& graph, const Node& node);
 // A name usable as a GoogleTest parameter name: "cuda:0" + "matmul/f16.f32/k37" ->

@@ -46,8 +46,25 @@ enum class ValueType : uint32_t {
 };
 std::string_view value_type_name(ValueType type);
 
-// GGUF's tensor type ids for the dtypes Tandem knows (F32=0, F16=1, Q4_0=2, Q8_0=8, I8=24,
-// I32=26, BF16=30); unknown ids are a Format error.
+// GGUF's tensor type ids (ggml_type) for the dtypes Tandem knows, named once: the reader maps
+// ids to dtypes and the writer dtypes to ids through kTensorTypes. Unknown ids are a Format error.
+enum class TensorType : uint32_t {
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q8_0 = 8,
+  I8 = 24,
+  I32 = 26,
+  BF16 = 30
+};
+struct TensorTypeId {
+  DType dtype;
+  TensorType id;
+};
+inline constexpr TensorTypeId kTensorTypes[] = {
+    {DType::F32, TensorType::F32},   {DType::F16, TensorType::F16}, {DType::Q4_0, TensorType::Q4_0},
+    {DType::Q8_0, TensorType::Q8_0}, {DType::I8, TensorType::I8},   {DType::I32, TensorType::I32},
+    {DType::BF16, TensorType::BF16}};
 std::optional<DType> dtype_from_gguf(uint32_t ggml_type);
 uint32_t dtype_to_gguf(DType dtype);
 

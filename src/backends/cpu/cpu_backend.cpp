@@ -61,14 +61,14 @@ const Kernels& kernels_for(Isa isa) {
 }
 
 std::vector<OpCapability> CpuBackend::cpu_capabilities() {
-  return ReferenceBackend::reference_capabilities();
+  return kernel_table().capabilities();
 }
 
 CpuBackend::CpuBackend(int threads, std::optional<Isa> isa)
     : HostBackend("cpu"),
       pool_(threads > 0 ? threads : physical_core_count()),
       kernels_(&kernels_for(choose_isa(isa))),
-      capabilities_(cpu_capabilities()) {
+      rows_(kernel_table()) {
   features_ = feature_names(cpu_features());
   features_.push_back("kernels_" + std::string(isa_name(kernels_->isa)));
   amx_ = kernels_->isa == best_isa() && amx::amx_usable();
@@ -85,40 +85,9 @@ void CpuBackend::execute(const Graph& graph, const NodeExecution& e) {
   CapabilityCheck c = check(graph, *e.node);
   if (!c.ok()) throw_error(ErrorCode::Unsupported, "cpu", c.detail);
   std::lock_guard<std::mutex> lock(execute_mutex_);
-  const OpContext ctx{pool_, *kernels_, blas_policy_, amx_};
-  switch (e.node->op) {
-    case OpKind::Copy:
-    case OpKind::Dequantize:
-      return run_copy(ctx, e);
-    case OpKind::GetRows:
-      return run_get_rows(ctx, e);
-    case OpKind::MatMul:
-      return run_matmul(ctx, e);
-    case OpKind::QuantizedMatMul:
-      return run_quantized_matmul(ctx, e);
-    case OpKind::Add:
-    case OpKind::Mul:
-      return run_binary(ctx, e);
-    case OpKind::Scale:
-    case OpKind::Silu:
-    case OpKind::Gelu:
-    case OpKind::SwiGlu:
-      return run_unary(ctx, e);
-    case OpKind::Softmax:
-      return run_softmax(ctx, e);
-    case OpKind::RmsNorm:
-    case OpKind::LayerNorm:
-      return run_norm(ctx, e);
-    case OpKind::Rope:
-      return run_rope(ctx, e);
-    case OpKind::Attention:
-      return run_attention(ctx, e);
-    case OpKind::KvWrite:
-      return run_kv_write(ctx, e);
-    default:
-      throw_error(ErrorCode::Unsupported, "cpu",
-                  "op " + std::string(op_name(e.node->op)) + " is not executable");
-  }
+  const Kernel* kernel = rows_.find(e, features());
+  if (!kernel) throw_error(ErrorCode::Unsupported, "cpu", "no kernel row covers the node");
+  (*kernel)(OpContext{pool_, *kernels_, blas_policy_, amx_}, e);
 }
 
 }  // namespace cpu

@@ -22,7 +22,7 @@ class CpuBackend : public HostBackend {
   // Throws Unsupported for an ISA this CPU lacks, InvalidArgument for an unknown name.
   explicit CpuBackend(int threads = 0, std::optional<Isa> isa = std::nullopt);
 
-  const std::vector<OpCapability>& capabilities() const override { return capabilities_; }
+  const std::vector<OpCapability>& capabilities() const override { return rows_.capabilities(); }
   void execute(const Graph& graph, const NodeExecution& exec) override;
 
   int threads() const { return pool_.size(); }
@@ -33,13 +33,13 @@ class CpuBackend : public HostBackend {
   bool amx() const { return amx_; }
   void set_amx(bool on);
 
-  // Every row this backend declares: the same ops and dtypes as the reference.
+  // Every row this backend declares (ops/registry.cpp).
   static std::vector<OpCapability> cpu_capabilities();
 
  private:
   ThreadPool pool_;
   const Kernels* kernels_;
-  std::vector<OpCapability> capabilities_;
+  KernelTable<Kernel> rows_;  // capabilities and dispatch
   BlasPolicy blas_policy_ = BlasPolicy::Auto;
   bool amx_ = false;
   std::mutex execute_mutex_;  // kernels share per-backend scratch and the pool

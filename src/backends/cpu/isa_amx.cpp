@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "amx.h"
+#include "tandem/blocks.h"
 
 namespace tandem::cpu::amx {
 
@@ -44,7 +45,7 @@ void release_tiles() {
 
 void pack_weights(bool q4, const uint8_t* w, size_t w_row_bytes, int rows, int64_t nb, int8_t* wp,
                   float* wd) {
-  const size_t bs = q4 ? 18 : 34;
+  const size_t bs = q4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
   for (int64_t b = 0; b < nb; ++b) {
     for (int r = 0; r < kTile; ++r) {
       int8_t* dst = wp + (b * kTile + r) * 32;

@@ -3,15 +3,10 @@
 #include <bit>
 #include <string>
 
+#include "tandem/bytes.h"
 #include "tandem/error.h"
 
 namespace tandem::cuda {
-
-namespace {
-std::string mib(size_t bytes) {
-  return std::to_string((bytes + (1u << 20) - 1) >> 20) + " MiB";
-}
-}  // namespace
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard lock(mutex_);
@@ -52,8 +47,8 @@ void* CachingAllocator::allocate(size_t bytes) {
     size_t free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) (void)cudaGetLastError();
     throw_error(ErrorCode::OutOfMemory, state_.id + " allocate",
-                "out of memory (need " + mib(bytes) + ", free " + mib(free_bytes) + " of " +
-                    mib(total_bytes) + ")");
+                "out of memory (need " + format_bytes(bytes) + ", free " +
+                    format_bytes(free_bytes) + " of " + format_bytes(total_bytes) + ")");
   }
   check_cuda(state_, err, "allocate", "cudaMalloc");
   live_[p] = cls;

@@ -6,52 +6,15 @@
 #include <string>
 
 #include "tandem/error.h"
+#include "tandem/hash.h"
 
 namespace tandem {
 
 namespace {
 
-// Kernels take rows and grid dims as 32-bit values; element offsets are 64-bit.
-constexpr int64_t kMaxKernelElements = (int64_t(1) << 31) - 1;
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 constexpr size_t kCounterCount = size_t(1) << 16;
 constexpr size_t kMaxCachedGraphs = 256;
-
-std::vector<OpCapability> build_capabilities() {
-  std::vector<OpCapability> caps;
-  auto add = [&caps](OpKind op, std::vector<DType> dtypes, std::string feature = "") {
-    caps.push_back(OpCapability{op, std::move(dtypes), kMaxKernelElements, std::move(feature)});
-  };
-  add(OpKind::Copy, {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0});
-  add(OpKind::Copy, {DType::I32});
-  add(OpKind::Copy, {DType::I8});
-  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
-    add(OpKind::GetRows, {d, DType::I32, DType::F32});
-  }
-  add(OpKind::MatMul, {DType::F32}, "tensor_cores");
-  add(OpKind::MatMul, {DType::F16, DType::F32}, "tensor_cores");
-  add(OpKind::MatMul, {DType::BF16, DType::F32}, "bf16");
-  add(OpKind::QuantizedMatMul, {DType::Q8_0, DType::F32}, "tensor_cores");
-  add(OpKind::QuantizedMatMul, {DType::Q4_0, DType::F32}, "tensor_cores");
-  for (OpKind op : {OpKind::Add, OpKind::Mul, OpKind::Scale, OpKind::Softmax, OpKind::RmsNorm,
-                    OpKind::LayerNorm, OpKind::Silu, OpKind::Gelu, OpKind::SwiGlu}) {
-    add(op, {DType::F32});
-  }
-  add(OpKind::Rope, {DType::F32, DType::I32});
-  add(OpKind::Attention, {DType::F32, DType::I32});
-  add(OpKind::Attention, {DType::F32, DType::F16, DType::I32});
-  for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
-    add(OpKind::Dequantize, {d, DType::F32});
-  }
-  add(OpKind::KvWrite, {DType::F32, DType::I32});
-  add(OpKind::KvWrite, {DType::F16, DType::F32, DType::I32});
-  return caps;
-}
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  return h;
-}
 
 }  // namespace
 
@@ -72,7 +35,7 @@ CudaBackend::CudaBackend(int device) : allocator_(state_) {
   if (cc >= 70) features_.push_back("tensor_cores");
   if (cc >= 80) features_.push_back("bf16");
   features_.push_back("cuda_graphs");
-  capabilities_ = build_capabilities();
+  capabilities_ = cuda::kernel_table().capabilities();
   try {
     TANDEM_CUDA_CHECK(s, "init", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     TANDEM_CUBLAS_CHECK(s, "init", cublasCreate(&cublas_));
@@ -260,6 +223,7 @@ cuda::OpContext CudaBackend::op_context() const {
   ctx.smem_pair = smem_pair_;
   ctx.scratch = scratch_;
   ctx.scratch_bytes = scratch_bytes_;
+  ctx.features = &features_;
   ctx.error_flag = error_flag_device_;
   ctx.counters = counters_;
   ctx.counter_count = kCounterCount;
@@ -296,7 +260,7 @@ void CudaBackend::execute(const Graph& graph, const NodeExecution& exec) {
   std::lock_guard lock(mutex_);
   check_alive(std::string(op_name(exec.node->op)).c_str());
   validate(graph, exec);
-  ensure_scratch(cuda::op_scratch_bytes(exec, sm_count_));
+  ensure_scratch(cuda::op_scratch_bytes(op_context(), exec));
   cuda::run_op(op_context(), exec);
 }
 
@@ -307,14 +271,14 @@ void CudaBackend::execute_segment(const Graph& graph, std::span<const NodeExecut
   if (segment.empty()) return;
   size_t scratch = 0;
   for (const NodeExecution& e : segment) {
-    scratch = std::max(scratch, cuda::op_scratch_bytes(e, sm_count_));
+    scratch = std::max(scratch, cuda::op_scratch_bytes(op_context(), e));
   }
   ensure_scratch(scratch);
-  uint64_t pointers = mix(0, reinterpret_cast<uintptr_t>(scratch_));
+  uint64_t pointers = hash_combine(0, reinterpret_cast<uintptr_t>(scratch_));
   for (const NodeExecution& e : segment) {
-    pointers = mix(pointers, reinterpret_cast<uintptr_t>(e.output.data));
+    pointers = hash_combine(pointers, reinterpret_cast<uintptr_t>(e.output.data));
     for (const TensorRef& in : e.inputs)
-      pointers = mix(pointers, reinterpret_cast<uintptr_t>(in.data));
+      pointers = hash_combine(pointers, reinterpret_cast<uintptr_t>(in.data));
   }
   auto it = graphs_.find(signature);
   if (it != graphs_.end() && it->second.pointer_hash == pointers) {

@@ -152,7 +152,8 @@ float gelu(float x) {
   return float(0.5 * v * (1.0 + std::tanh(kSqrt2OverPi * v * (1.0 + kCoef * v * v))));
 }
 
-void run_softmax(const NodeExecution& e, float scale) {
+void run_softmax(const NodeExecution& e) {
+  const float scale = e.node->params.scale;
   const TensorDesc& a = *e.inputs[0].desc;
   const float* x = f32(e.inputs[0]);
   const float* mask = e.inputs.size() > 1 ? f32(e.inputs[1]) : nullptr;
@@ -175,7 +176,8 @@ void run_softmax(const NodeExecution& e, float scale) {
   }
 }
 
-void run_norm(const NodeExecution& e, bool rms, float eps) {
+void run_norm(const NodeExecution& e, bool rms) {
+  const float eps = e.node->params.eps;
   const TensorDesc& a = *e.inputs[0].desc;
   const float* x = f32(e.inputs[0]);
   const float* w = e.inputs.size() > 1 ? f32(e.inputs[1]) : nullptr;
@@ -202,7 +204,15 @@ void run_norm(const NodeExecution& e, bool rms, float eps) {
   }
 }
 
-void run_rope(const NodeExecution& e, const OpParams& p) {
+void run_rms_norm(const NodeExecution& e) {
+  run_norm(e, true);
+}
+void run_layer_norm(const NodeExecution& e) {
+  run_norm(e, false);
+}
+
+void run_rope(const NodeExecution& e) {
+  const OpParams& p = e.node->params;
   const TensorDesc& a = *e.inputs[0].desc;
   const float* x = f32(e.inputs[0]);
   const int32_t* pos = i32(e.inputs[1]);
@@ -223,7 +233,8 @@ void run_rope(const NodeExecution& e, const OpParams& p) {
     }
 }
 
-void run_attention(const NodeExecution& e, float scale) {
+void run_attention(const NodeExecution& e) {
+  const float scale = e.node->params.scale;
   const TensorDesc& q = *e.inputs[0].desc;
   const TensorDesc& k = *e.inputs[1].desc;
   const std::vector<float> kf = load_f32(e.inputs[1]);
@@ -283,35 +294,61 @@ void run_kv_write(const NodeExecution& e) {
   }
 }
 
-std::vector<OpCapability> build_capabilities() {
+void run_add(const NodeExecution& e) {
+  run_binary(e, [](float a, float b) { return a + b; });
+}
+void run_mul(const NodeExecution& e) {
+  run_binary(e, [](float a, float b) { return a * b; });
+}
+void run_scale(const NodeExecution& e) {
+  run_unary(e, [s = e.node->params.scale](float x) { return x * s; });
+}
+void run_silu(const NodeExecution& e) {
+  run_unary(e, silu);
+}
+void run_gelu(const NodeExecution& e) {
+  run_unary(e, gelu);
+}
+void run_swiglu(const NodeExecution& e) {
+  const float* g = f32(e.inputs[0]);
+  const float* u = f32(e.inputs[1]);
+  float* o = f32(e.output);
+  for (int64_t i = 0; i < e.output.desc->elements(); ++i) o[i] = silu(g[i]) * u[i];
+}
+void run_dequantize(const NodeExecution& e) {
+  store_f32(e.output, load_f32(e.inputs[0]));
+}
+
+KernelTable<ReferenceKernel> builtin_kernels() {
   const std::vector<DType> floats{DType::F32, DType::F16, DType::BF16};
-  const std::vector<DType> all_convertible{DType::F32, DType::F16, DType::BF16, DType::Q8_0,
-                                           DType::Q4_0};
-  std::vector<OpCapability> caps;
-  auto add = [&caps](OpKind op, std::vector<DType> dtypes) {
-    caps.push_back(OpCapability{op, std::move(dtypes), 0, ""});
-  };
-  add(OpKind::Copy, all_convertible);
-  add(OpKind::Copy, {DType::I32});
-  add(OpKind::Copy, {DType::I8});
-  for (DType d : all_convertible) add(OpKind::GetRows, {d, DType::I32, DType::F32});
-  for (DType d : floats) add(OpKind::MatMul, {d, DType::F32});
-  add(OpKind::QuantizedMatMul, {DType::Q8_0, DType::F32});
-  add(OpKind::QuantizedMatMul, {DType::Q4_0, DType::F32});
-  for (OpKind op : {OpKind::Add, OpKind::Mul, OpKind::Scale, OpKind::Softmax, OpKind::RmsNorm,
-                    OpKind::LayerNorm, OpKind::Silu, OpKind::Gelu, OpKind::SwiGlu}) {
-    add(op, {DType::F32});
+  const std::vector<DType> convertible{DType::F32, DType::F16, DType::BF16, DType::Q8_0,
+                                       DType::Q4_0};
+  KernelTable<ReferenceKernel> t;
+  t.add(OpKind::Copy, convertible, run_copy);
+  t.add(OpKind::Copy, {DType::I32}, run_copy);
+  t.add(OpKind::Copy, {DType::I8}, run_copy);
+  for (DType d : convertible) t.add(OpKind::GetRows, {d, DType::I32, DType::F32}, run_get_rows);
+  for (DType d : floats) t.add(OpKind::MatMul, {d, DType::F32}, run_matmul);
+  t.add(OpKind::QuantizedMatMul, {DType::Q8_0, DType::F32}, run_matmul);
+  t.add(OpKind::QuantizedMatMul, {DType::Q4_0, DType::F32}, run_matmul);
+  t.add(OpKind::Add, {DType::F32}, run_add);
+  t.add(OpKind::Mul, {DType::F32}, run_mul);
+  t.add(OpKind::Scale, {DType::F32}, run_scale);
+  t.add(OpKind::Softmax, {DType::F32}, run_softmax);
+  t.add(OpKind::RmsNorm, {DType::F32}, run_rms_norm);
+  t.add(OpKind::LayerNorm, {DType::F32}, run_layer_norm);
+  t.add(OpKind::Silu, {DType::F32}, run_silu);
+  t.add(OpKind::Gelu, {DType::F32}, run_gelu);
+  t.add(OpKind::SwiGlu, {DType::F32}, run_swiglu);
+  t.add(OpKind::Rope, {DType::F32, DType::I32}, run_rope);
+  t.add(OpKind::Attention, {DType::F32, DType::I32}, run_attention);
+  t.add(OpKind::Attention, {DType::F32, DType::F16, DType::I32}, run_attention);
+  for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
+    t.add(OpKind::Dequantize, {d, DType::F32}, run_dequantize);
   }
-  add(OpKind::Rope, {DType::F32, DType::I32});
-  add(OpKind::Attention, {DType::F32, DType::I32});
-  add(OpKind::Attention, {DType::F32, DType::F16, DType::I32});
-  add(OpKind::Dequantize, {DType::Q8_0, DType::F32});
-  add(OpKind::Dequantize, {DType::Q4_0, DType::F32});
-  add(OpKind::Dequantize, {DType::F16, DType::F32});
-  add(OpKind::Dequantize, {DType::BF16, DType::F32});
-  add(OpKind::KvWrite, {DType::F32, DType::I32});
-  add(OpKind::KvWrite, {DType::F16, DType::F32, DType::I32});
-  return caps;
+  t.add(OpKind::KvWrite, {DType::F32, DType::I32}, run_kv_write);
+  t.add(OpKind::KvWrite, {DType::F16, DType::F32, DType::I32}, run_kv_write);
+  return t;
 }
 
 }  // namespace
@@ -345,80 +382,32 @@ void HostBackend::copy_within(void* dst, const void* src, size_t bytes) {
   std::memmove(dst, src, bytes);
 }
 
-std::vector<OpCapability> ReferenceBackend::reference_capabilities() {
-  return build_capabilities();
+KernelTable<ReferenceKernel>& reference_kernels() {
+  static KernelTable<ReferenceKernel> table = builtin_kernels();
+  return table;
 }
 
-ReferenceBackend::ReferenceBackend()
-    : HostBackend("reference"), capabilities_(build_capabilities()) {}
+std::vector<OpCapability> ReferenceBackend::reference_capabilities() {
+  return reference_kernels().capabilities();
+}
+
+ReferenceBackend::ReferenceBackend() : HostBackend("reference"), kernels_(reference_kernels()) {}
 
 void ReferenceBackend::execute(const Graph& graph, const NodeExecution& exec) {
   CapabilityCheck c = check(graph, *exec.node);
-  if (!c.ok()) throw_error(ErrorCode::Unsupported, "reference", c.detail);
-  reference_execute(graph, exec);
+  const ReferenceKernel* kernel = kernels_.find(exec, features());
+  if (!c.ok() || !kernel) throw_error(ErrorCode::Unsupported, "reference", c.detail);
+  (*kernel)(exec);
 }
 
 void reference_execute(const Graph& graph, const NodeExecution& e) {
   (void)graph;
-  const OpParams& p = e.node->params;
-  switch (e.node->op) {
-    case OpKind::Copy:
-      run_copy(e);
-      return;
-    case OpKind::GetRows:
-      run_get_rows(e);
-      return;
-    case OpKind::MatMul:
-    case OpKind::QuantizedMatMul:
-      run_matmul(e);
-      return;
-    case OpKind::Add:
-      run_binary(e, [](float a, float b) { return a + b; });
-      return;
-    case OpKind::Mul:
-      run_binary(e, [](float a, float b) { return a * b; });
-      return;
-    case OpKind::Scale:
-      run_unary(e, [s = p.scale](float x) { return x * s; });
-      return;
-    case OpKind::Softmax:
-      run_softmax(e, p.scale);
-      return;
-    case OpKind::RmsNorm:
-      run_norm(e, true, p.eps);
-      return;
-    case OpKind::LayerNorm:
-      run_norm(e, false, p.eps);
-      return;
-    case OpKind::Rope:
-      run_rope(e, p);
-      return;
-    case OpKind::Silu:
-      run_unary(e, silu);
-      return;
-    case OpKind::Gelu:
-      run_unary(e, gelu);
-      return;
-    case OpKind::SwiGlu: {
-      const float* g = f32(e.inputs[0]);
-      const float* u = f32(e.inputs[1]);
-      float* o = f32(e.output);
-      for (int64_t i = 0; i < e.output.desc->elements(); ++i) o[i] = silu(g[i]) * u[i];
-      return;
-    }
-    case OpKind::Attention:
-      run_attention(e, p.scale);
-      return;
-    case OpKind::Dequantize:
-      store_f32(e.output, load_f32(e.inputs[0]));
-      return;
-    case OpKind::KvWrite:
-      run_kv_write(e);
-      return;
-    default:
-      throw_error(ErrorCode::Unsupported, "reference",
-                  "op " + std::string(op_name(e.node->op)) + " is not executable");
+  const ReferenceKernel* kernel = reference_kernels().find(e, {});
+  if (!kernel) {
+    throw_error(ErrorCode::Unsupported, "reference",
+                "op " + std::string(op_name(e.node->op)) + " is not executable");
   }
+  (*kernel)(e);
 }
 
 std::shared_ptr<Backend> make_reference_backend() {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tandem/backend.h"
+#include "tandem/kernel_table.h"
 
 namespace tandem {
 
@@ -33,17 +34,23 @@ class HostBackend : public Backend {
   std::string id_;
 };
 
+// A reference kernel: plain C++ over host pointers, parameters read from exec.node->params.
+using ReferenceKernel = void (*)(const NodeExecution& exec);
+// The reference's rows: every compute op and dtype it runs. Add rows (an op registered
+// outside the library) before creating backends: each backend copies the rows it starts with.
+KernelTable<ReferenceKernel>& reference_kernels();
+
 class ReferenceBackend : public HostBackend {
  public:
   ReferenceBackend();
-  const std::vector<OpCapability>& capabilities() const override { return capabilities_; }
+  const std::vector<OpCapability>& capabilities() const override { return kernels_.capabilities(); }
   void execute(const Graph& graph, const NodeExecution& exec) override;
 
   // The full reference table, for test backends that restrict or extend it.
   static std::vector<OpCapability> reference_capabilities();
 
  private:
-  std::vector<OpCapability> capabilities_;
+  KernelTable<ReferenceKernel> kernels_;
 };
 
 // Runs one node with the reference kernels, whatever backend asks (test backends use it).

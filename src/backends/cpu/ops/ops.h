@@ -8,6 +8,7 @@
 #include "../kernels.h"
 #include "../thread_pool.h"
 #include "tandem/backend.h"
+#include "tandem/kernel_table.h"
 
 namespace tandem::cpu {
 
@@ -20,6 +21,11 @@ struct OpContext {
   BlasPolicy blas = BlasPolicy::Auto;
   bool amx = false;  // AMX tiles for quantized matrix-matrix products
 };
+
+// A CPU kernel, and the backend's rows (ops/registry.cpp). Add rows (an op registered outside
+// the library) before creating backends: each backend copies the rows it starts with.
+using Kernel = void (*)(const OpContext& ctx, const NodeExecution& e);
+KernelTable<Kernel>& kernel_table();
 
 void run_copy(const OpContext& ctx, const NodeExecution& e);  // Copy and Dequantize
 void run_get_rows(const OpContext& ctx, const NodeExecution& e);

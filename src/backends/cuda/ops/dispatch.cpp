@@ -1,57 +1,77 @@
-// The one place that maps a node to its CUDA launcher.
+// The CUDA backend's kernel rows: its capability table and its dispatch, in one list.
 #include "ops.h"
 #include "tandem/error.h"
 
 namespace tandem::cuda {
 
-size_t op_scratch_bytes(const NodeExecution& e, int sm_count) {
-  switch (e.node->op) {
-    case OpKind::MatMul:
-      return matmul_scratch_bytes(e);
-    case OpKind::QuantizedMatMul:
-      return quantized_matmul_scratch_bytes(e);
-    case OpKind::Attention:
-      return attention_scratch_bytes(e, sm_count);
-    default:
-      return 0;
+namespace {
+
+// Kernels take rows and grid dims as 32-bit values; element offsets are 64-bit.
+constexpr int64_t kMaxKernelElements = (int64_t(1) << 31) - 1;
+
+KernelTable<Kernel> builtin_kernels() {
+  const std::vector<DType> convertible{DType::F32, DType::F16, DType::BF16, DType::Q8_0,
+                                       DType::Q4_0};
+  KernelTable<Kernel> t;
+  auto add = [&t](OpKind op, std::vector<DType> dtypes, Kernel kernel, std::string feature = {}) {
+    t.add(op, std::move(dtypes), kernel, kMaxKernelElements, std::move(feature));
+  };
+  add(OpKind::Copy, convertible, {run_copy});
+  add(OpKind::Copy, {DType::I32}, {run_copy});
+  add(OpKind::Copy, {DType::I8}, {run_copy});
+  for (DType d : convertible) add(OpKind::GetRows, {d, DType::I32, DType::F32}, {run_get_rows});
+  const Kernel matmul{run_matmul, matmul_scratch_bytes};
+  add(OpKind::MatMul, {DType::F32}, matmul, "tensor_cores");
+  add(OpKind::MatMul, {DType::F16, DType::F32}, matmul, "tensor_cores");
+  add(OpKind::MatMul, {DType::BF16, DType::F32}, matmul, "bf16");
+  const Kernel quantized{run_quantized_matmul, quantized_matmul_scratch_bytes};
+  add(OpKind::QuantizedMatMul, {DType::Q8_0, DType::F32}, quantized, "tensor_cores");
+  add(OpKind::QuantizedMatMul, {DType::Q4_0, DType::F32}, quantized, "tensor_cores");
+  add(OpKind::Add, {DType::F32}, {run_binary});
+  add(OpKind::Mul, {DType::F32}, {run_binary});
+  add(OpKind::Scale, {DType::F32}, {run_unary});
+  add(OpKind::Softmax, {DType::F32}, {run_softmax});
+  add(OpKind::RmsNorm, {DType::F32}, {run_norm});
+  add(OpKind::LayerNorm, {DType::F32}, {run_norm});
+  add(OpKind::Silu, {DType::F32}, {run_unary});
+  add(OpKind::Gelu, {DType::F32}, {run_unary});
+  add(OpKind::SwiGlu, {DType::F32}, {run_swiglu});
+  add(OpKind::Rope, {DType::F32, DType::I32}, {run_rope});
+  const Kernel attention{run_attention, attention_scratch_bytes};
+  add(OpKind::Attention, {DType::F32, DType::I32}, attention);
+  add(OpKind::Attention, {DType::F32, DType::F16, DType::I32}, attention);
+  for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
+    add(OpKind::Dequantize, {d, DType::F32}, {run_copy});
   }
+  add(OpKind::KvWrite, {DType::F32, DType::I32}, {run_kv_write});
+  add(OpKind::KvWrite, {DType::F16, DType::F32, DType::I32}, {run_kv_write});
+  return t;
+}
+
+const Kernel& kernel_for(const OpContext& ctx, const NodeExecution& e) {
+  static const std::vector<std::string> kNoFeatures;
+  const Kernel* k = kernel_table().find(e, ctx.features ? *ctx.features : kNoFeatures);
+  if (!k) {
+    throw_error(ErrorCode::Unsupported, ctx.state->id + " " + std::string(op_name(e.node->op)),
+                "no kernel row covers the node");
+  }
+  return *k;
+}
+
+}  // namespace
+
+KernelTable<Kernel>& kernel_table() {
+  static KernelTable<Kernel> table = builtin_kernels();
+  return table;
+}
+
+size_t op_scratch_bytes(const OpContext& ctx, const NodeExecution& e) {
+  const Kernel& k = kernel_for(ctx, e);
+  return k.scratch_bytes ? k.scratch_bytes(e, ctx.sm_count) : 0;
 }
 
 void run_op(const OpContext& ctx, const NodeExecution& e) {
-  switch (e.node->op) {
-    case OpKind::Copy:
-    case OpKind::Dequantize:
-      return run_copy(ctx, e);
-    case OpKind::GetRows:
-      return run_get_rows(ctx, e);
-    case OpKind::MatMul:
-      return run_matmul(ctx, e);
-    case OpKind::QuantizedMatMul:
-      return run_quantized_matmul(ctx, e);
-    case OpKind::Add:
-    case OpKind::Mul:
-      return run_binary(ctx, e);
-    case OpKind::Scale:
-    case OpKind::Silu:
-    case OpKind::Gelu:
-      return run_unary(ctx, e);
-    case OpKind::SwiGlu:
-      return run_swiglu(ctx, e);
-    case OpKind::Softmax:
-      return run_softmax(ctx, e);
-    case OpKind::RmsNorm:
-    case OpKind::LayerNorm:
-      return run_norm(ctx, e);
-    case OpKind::Rope:
-      return run_rope(ctx, e);
-    case OpKind::Attention:
-      return run_attention(ctx, e);
-    case OpKind::KvWrite:
-      return run_kv_write(ctx, e);
-    default:
-      throw_error(ErrorCode::Unsupported, ctx.state->id + " " + std::string(op_name(e.node->op)),
-                  "op is not executable on a backend");
-  }
+  kernel_for(ctx, e).run(ctx, e);
 }
 
 }  // namespace tandem::cuda

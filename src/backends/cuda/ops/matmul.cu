@@ -10,20 +10,16 @@ namespace tandem::cuda {
 
 namespace {
 
-size_t align_up(size_t v) {
-  return (v + 255) / 256 * 256;
-}
-
 cudaDataType_t cuda_type(DType d) {
   return d == DType::F16 ? CUDA_R_16F : d == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
 }  // namespace
 
-size_t matmul_scratch_bytes(const NodeExecution& e) {
+size_t matmul_scratch_bytes(const NodeExecution& e, int /*sm_count*/) {
   const TensorDesc& a = *e.inputs[0].desc;
   if (a.dtype == DType::F32) return 0;
-  return align_up(size_t(e.inputs[1].desc->elements()) * 2);
+  return align_up(size_t(e.inputs[1].desc->elements()) * 2, kScratchAlignment);
 }
 
 // out[n][m] = sum_k a[m][k] b[n][k]: column-major C (M x N) = A^T (A is K x M) times B (K x N).

@@ -11,6 +11,8 @@
 
 #include "cuda_check.h"
 #include "tandem/backend.h"
+#include "tandem/bytes.h"
+#include "tandem/kernel_table.h"
 
 namespace tandem::cuda {
 
@@ -30,6 +32,7 @@ struct OpContext {
   size_t smem_pair = 0;     // ... when two blocks are to share an SM
   void* scratch = nullptr;  // op-private memory, sized by scratch_bytes() before the op runs
   size_t scratch_bytes = 0;
+  const std::vector<std::string>* features = nullptr;  // the device's, for the kernel rows
   int32_t* error_flag = nullptr;  // device-visible word, checked at synchronize()
   uint32_t* counters = nullptr;   // zeroed counters for split reductions; kernels re-zero them
   size_t counter_count = 0;
@@ -43,9 +46,20 @@ struct OpContext {
   }
 };
 
+// Buffers carved out of an op's scratch start at this alignment (cuBLAS wants 256 bytes).
+inline constexpr size_t kScratchAlignment = 256;
+
+// A CUDA kernel row's functions: the launcher and, where the op needs scratch, its size.
+struct Kernel {
+  void (*run)(const OpContext& ctx, const NodeExecution& e) = nullptr;
+  size_t (*scratch_bytes)(const NodeExecution& e, int sm_count) = nullptr;
+};
+// The backend's rows (ops/dispatch.cpp): its capability table and its dispatch.
+KernelTable<Kernel>& kernel_table();
+
 // Scratch bytes a node needs (0 for most ops).
-size_t op_scratch_bytes(const NodeExecution& e, int sm_count);
-// Runs one compute node; throws Unsupported for ops with no CUDA kernel.
+size_t op_scratch_bytes(const OpContext& ctx, const NodeExecution& e);
+// Runs one compute node through the first row covering it; throws Unsupported where none does.
 void run_op(const OpContext& ctx, const NodeExecution& e);
 
 // One launcher per op family (ops/<family>.cu).
@@ -59,9 +73,9 @@ void run_get_rows(const OpContext& ctx, const NodeExecution& e);
 void run_copy(const OpContext& ctx, const NodeExecution& e);  // Copy, Dequantize
 void run_kv_write(const OpContext& ctx, const NodeExecution& e);
 void run_matmul(const OpContext& ctx, const NodeExecution& e);
-size_t matmul_scratch_bytes(const NodeExecution& e);
+size_t matmul_scratch_bytes(const NodeExecution& e, int sm_count);
 void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e);
-size_t quantized_matmul_scratch_bytes(const NodeExecution& e);
+size_t quantized_matmul_scratch_bytes(const NodeExecution& e, int sm_count);
 // Runs the first nodes of `segment` as one launch when they are matrix-vector products of the
 // same b (Q, K and V; gate and up); returns how many it ran (0: run the first node alone).
 size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment);

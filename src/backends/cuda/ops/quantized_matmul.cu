@@ -17,10 +17,6 @@ void gemm_batched(const OpContext& ctx, const char* op, const TensorDesc& a, con
 
 namespace {
 
-size_t align_up(size_t v) {
-  return (v + 255) / 256 * 256;
-}
-
 constexpr int kWarps = 4;
 
 // b as int8 blocks of 32 with one f32 scale each (like ggml's q8_1), so the weights' quants
@@ -54,7 +50,7 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
   constexpr bool kQ4 = kType == DType::Q4_0;
   constexpr int kLanesPerBlock = kQ4 ? 2 : 4;
   constexpr int kBlocksPerStep = 32 / kLanesPerBlock;
-  constexpr int kBlockBytes = kQ4 ? 18 : 34;
+  constexpr int kBlockBytes = kQ4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarps + threadIdx.x / 32;
   if (row >= M) return;
@@ -173,7 +169,7 @@ void launch_generic_matvec(const OpContext& ctx, const NodeExecution& e) {
   auto* op = static_cast<float*>(e.output.data);
   const int64_t b_blocks = b.elements() / kQBlock;
   auto* bq = static_cast<int8_t*>(ctx.scratch);
-  auto* bd = reinterpret_cast<float*>(bq + align_up(size_t(b.elements())));
+  auto* bd = reinterpret_cast<float*>(bq + align_up(size_t(b.elements()), kScratchAlignment));
   quantize_b_kernel<<<grid_1d(b_blocks * 32, 256, INT32_MAX), 256, 0, ctx.stream>>>(bf, bq, bd,
                                                                                     b_blocks);
   ctx.check_launch("quantized_matmul");
@@ -192,13 +188,15 @@ void launch_generic_matvec(const OpContext& ctx, const NodeExecution& e) {
 
 }  // namespace
 
-size_t quantized_matmul_scratch_bytes(const NodeExecution& e) {
+size_t quantized_matmul_scratch_bytes(const NodeExecution& e, int /*sm_count*/) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
   if (b.ne[1] <= kMatvecMaxColumns) {
-    return align_up(size_t(b.elements())) + align_up(size_t(b.elements() / kQBlock) * 4);
+    return align_up(size_t(b.elements()), kScratchAlignment) +
+           align_up(size_t(b.elements() / kQBlock) * 4, kScratchAlignment);
   }
-  return align_up(size_t(a.elements()) * 2) + align_up(size_t(b.elements()) * 2);
+  return align_up(size_t(a.elements()) * 2, kScratchAlignment) +
+         align_up(size_t(b.elements()) * 2, kScratchAlignment);
 }
 
 void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
@@ -220,7 +218,7 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
   }
   // Large batches: weights to f16 once, b to f16, tensor-core GEMM with f32 accumulation.
   auto* a_half = static_cast<uint8_t*>(ctx.scratch);
-  auto* b_half = a_half + align_up(size_t(a.elements()) * 2);
+  auto* b_half = a_half + align_up(size_t(a.elements()) * 2, kScratchAlignment);
   convert_to_half(ctx, a.dtype, e.inputs[0].data, a_half, a.elements(), false, "quantized_matmul");
   convert_to_half(ctx, DType::F32, e.inputs[1].data, b_half, b.elements(), false,
                   "quantized_matmul");

@@ -73,7 +73,7 @@ constexpr int kLongTiles = 4;
 
 template <DType kType>
 struct GroupFormat {
-  static constexpr int kBlockBytes = kType == DType::Q4_0 ? 18 : 34;
+  static constexpr int kBlockBytes = kType == DType::Q4_0 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
   static constexpr int kBytes = kGroupBlocks * kBlockBytes;     // 144 or 272
   static constexpr int kHalfBytes = kHalfBlocks * kBlockBytes;  // 72 or 136: 8-byte words
   static constexpr int kHalfWords = kHalfBytes / 4;
