@@ -15,11 +15,14 @@ t0=$(date +%s)
 cmake -S . -B build/gpu -G Ninja -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
   -DTANDEM_BUILD_TESTS=ON -DCMAKE_PREFIX_PATH=/tmp/deps -DPKG_CONFIG_EXECUTABLE=/tmp/deps/bin/pkg-config \
   "-DCMAKE_CXX_FLAGS=-isystem /tmp/deps/include" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-timeout 400 cmake --build build/gpu -j16 --target tandem llama_test >"$OUT/build.log" 2>&1 ||
+timeout 400 cmake --build build/gpu -j16 --target tandem llama_test cuda_test conformance_test >"$OUT/build.log" 2>&1 ||
   { tail -30 "$OUT/build.log"; exit 1; }
 echo "build: $(($(date +%s) - t0)) s"
-timeout 120 build/gpu/tests/llama/llama_test --gtest_brief=1 >"$OUT/llama_test.log" 2>&1
-echo "llama_test exit $?: $(grep -E 'PASSED|FAILED' "$OUT/llama_test.log" | tr '\n' ' ')"
+for t in llama/llama_test cuda/cuda_test conformance/conformance_test; do
+  log="$OUT/$(basename $t).log"
+  timeout 180 build/gpu/tests/$t --gtest_brief=1 >"$log" 2>&1
+  echo "$(basename $t) exit $?: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr '\n' ' ')"
+done
 python3 - <<'PY' 2>&1 | tee "$OUT/pcie.txt"
 import torch
 n = 1 << 30
