@@ -100,6 +100,17 @@ class StreamedTest : public ::testing::TestWithParam<bool> {
     if (GetParam()) return std::make_shared<LateCopyGpu>();
     return test::make_gpu("gpu");  // copies land when issued
   }
+  // CPU and `gpu`, every layer's weights in host memory, figures under which streaming wins;
+  // a `budget` for the GPU when given.
+  static HybridScheduler streaming_scheduler(std::shared_ptr<TestBackend> gpu, size_t budget = 0) {
+    auto b = HybridScheduler::builder()
+                 .with_backend(test::make_cpu())
+                 .with_backend(std::move(gpu))
+                 .pin_tensor("^blk\\.", "cpu")
+                 .cost_model(streaming_wins());
+    if (budget > 0) b.memory_budget("gpu", budget);
+    return b.build();
+  }
   std::mt19937 rng_{test::test_seed()};
   int baseline_ = 0;
 };
@@ -110,12 +121,7 @@ TEST_P(StreamedTest, ALlamaModelWithHostWeightsGivesTheReferenceBits) {
   const auto expected = test::reference_logits(model, steps);
 
   auto g = gpu();
-  auto sched = HybridScheduler::builder()
-                   .with_backend(test::make_cpu())
-                   .with_backend(g)
-                   .pin_tensor("^blk\\.", "cpu")  // every layer's weights live in host memory
-                   .cost_model(streaming_wins())
-                   .build();
+  auto sched = streaming_scheduler(g);
   {
     HybridExecutor exec(sched);
     test::expect_bitwise_equal(test::run_steps(sched, exec, model, steps), expected);
@@ -165,13 +171,7 @@ TEST_P(StreamedTest, ManyLayersReuseTheStagingMemoryWithoutOverwritingAWeightInU
 
   auto g = gpu();
   // A budget with room to stage four weights at once: the staging memory must be reused.
-  auto sched = HybridScheduler::builder()
-                   .with_backend(test::make_cpu())
-                   .with_backend(g)
-                   .pin_tensor("^blk\\.", "cpu")
-                   .cost_model(streaming_wins())
-                   .memory_budget("gpu", 4 * 64 * 64 * 4)
-                   .build();
+  auto sched = streaming_scheduler(g, 4 * 64 * 64 * 4);
   {
     HybridExecutor exec(sched);
     for (int repeat = 0; repeat < 2; ++repeat) {
@@ -259,12 +259,7 @@ TEST_P(StreamedTest, ATimelineTimesSegmentsAndCopiesWithoutPerOpEvents) {
   const std::vector<test::ModelStep> steps = test::prefill_then_decode(rng_);
   const auto expected = test::reference_logits(model, steps);
   auto g = gpu();
-  auto sched = HybridScheduler::builder()
-                   .with_backend(test::make_cpu())
-                   .with_backend(g)
-                   .pin_tensor("^blk\\.", "cpu")
-                   .cost_model(streaming_wins())
-                   .build();
+  auto sched = streaming_scheduler(g);
   ExecutorOptions options;
   options.timing = TimingMode::Timeline;
   HybridExecutor exec(sched, options);
