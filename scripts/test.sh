@@ -2,12 +2,27 @@
 # Installs what is missing, builds everything with warnings as errors and runs every test.
 #   scripts/test.sh          the release build (CUDA compiled where nvcc is found)
 #   scripts/test.sh --asan   the AddressSanitizer + UndefinedBehaviorSanitizer build (CPU only)
+#   scripts/test.sh --tsan   the thread-pool and scheduler tests under ThreadSanitizer (CPU only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/env.sh
 if [[ "${1:-}" == "--asan" ]]; then
   TANDEM_PRESET=asan
+fi
+
+if [[ "${1:-}" == "--tsan" ]]; then
+  # Only the code that runs threads: cpu_test (ThreadPool) and sched_test (Scheduler, Executor,
+  # streamed copies, telemetry). The kernel tests in cpu_test are left out: slow under TSan.
+  tsan_tests='^(ThreadPool|Scheduler|Capabilities|ExecutorTest|CostModel|Telemetry|ExtensionOp)\.|/StreamedTest\.'
+  echo "test: preset tsan, ${TANDEM_JOBS} jobs, tests matching ${tsan_tests}"
+  cmake --preset tsan -DTANDEM_BUILD_TESTS=ON
+  cmake --build --preset tsan -j "$TANDEM_JOBS" --target cpu_test sched_test
+  log=build/tsan/ctest-output.txt
+  TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}" ctest --preset tsan --output-on-failure \
+    --no-tests=error -j "$TANDEM_JOBS" -R "$tsan_tests" | tee "$log"
+  echo "test (tsan): $(grep -E "tests passed|tests failed" "$log" | tail -1)"
+  exit 0
 fi
 
 echo "test: preset ${TANDEM_PRESET}, ${TANDEM_JOBS} jobs"

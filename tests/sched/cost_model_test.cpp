@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "tandem/cost_model.h"
 #include "tandem/error.h"
@@ -207,6 +209,32 @@ TEST(CostModel, JsonErrorsAreClearAndChangeNothing) {
     EXPECT_EQ(e.code(), ErrorCode::Io);
     EXPECT_NE(std::string(e.what()).find("/nonexistent/profile.json"), std::string::npos);
   }
+}
+
+// The fuzzer's corpus (tests/fuzz/corpus/cost_model): every file loads or fails with Format, and
+// a loaded model saves JSON that loads back to the same JSON.
+TEST(CostModel, FuzzCorpusLoadsOrFailsCleanly) {
+  size_t files = 0, loaded = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(TANDEM_COST_MODEL_FUZZ_DIR)) {
+    std::ifstream f(entry.path(), std::ios::binary);
+    std::stringstream text;
+    text << f.rdbuf();
+    SCOPED_TRACE(entry.path().filename().string());
+    ++files;
+    CostModel m;
+    try {
+      m.load_json(text.str());
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::Format) << e.what();
+      continue;
+    }
+    ++loaded;
+    CostModel reloaded;
+    reloaded.load_json(m.to_json());
+    EXPECT_EQ(reloaded.to_json(), m.to_json());
+  }
+  EXPECT_GT(files, 0u);
+  EXPECT_GT(loaded, 0u) << "the corpus should hold valid profiles too";
 }
 
 }  // namespace

@@ -2,7 +2,10 @@
 // decoding, streaming and invalid vocabs. The llama.cpp vectors are in vocab_files_test.cpp.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -287,6 +290,29 @@ TEST(TokenizerRoundTrip, RandomBytesSurviveEncodeDecode) {
     EXPECT_EQ(spm.decode(spm.encode(text, EncodeOptions{})), text) << "seed " << seed;
     EXPECT_EQ(bpe.decode(bpe.encode(text)), text) << "seed " << seed;
   }
+}
+
+// The fuzzer's corpus (tests/fuzz/corpus/tokenizer, byte 0 of each file is its mode byte): the
+// text comes back unchanged through both BPE word splits, and SPM ids stay in range.
+TEST(TokenizerRoundTrip, FuzzCorpusSurvivesEncodeDecode) {
+  const Tokenizer spm(spm_vocab());
+  const Tokenizer gpt2(bpe_vocab());
+  Vocab llama3_vocab = bpe_vocab();
+  llama3_vocab.pre_tokenizer = "llama-bpe";
+  const Tokenizer llama3(std::move(llama3_vocab));
+  size_t files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(TANDEM_TOKENIZER_FUZZ_DIR)) {
+    std::ifstream f(entry.path(), std::ios::binary);
+    std::stringstream bytes;
+    bytes << f.rdbuf();
+    const std::string text = bytes.str().empty() ? "" : bytes.str().substr(1);
+    SCOPED_TRACE(entry.path().filename().string());
+    ++files;
+    EXPECT_EQ(gpt2.decode(gpt2.encode(text)), text);
+    EXPECT_EQ(llama3.decode(llama3.encode(text)), text);
+    for (int32_t id : spm.encode(text)) ASSERT_TRUE(id >= 0 && id < spm.n_tokens());
+  }
+  EXPECT_GT(files, 0u);
 }
 
 TEST(TokenizerErrors, InvalidVocabsAreRejected) {
