@@ -144,8 +144,10 @@ struct ResidencyPlan {
   int chosen = -1;  // index into candidates
   // Per weight or KV cache name: the backend id holding it; absent: host memory only.
   std::map<std::string, std::string, std::less<>> home;
-  std::vector<size_t> reserve_bytes;  // per backend index: kept free for activations, staging
-  std::string why;                    // one line: what was chosen and by how much it won
+  // Per backend index: device memory beyond the budget for the largest op's activations and
+  // the minimum staging of streamed weights (the budget bounds weights and KV caches).
+  std::vector<size_t> reserve_bytes;
+  std::string why;  // one line: what was chosen and by how much it won
 
   const Candidate* best() const { return chosen >= 0 ? &candidates[size_t(chosen)] : nullptr; }
 };

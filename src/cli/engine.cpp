@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 #include <sstream>
 
@@ -162,9 +163,14 @@ std::string Engine::placement_summary() const {
     if (i) os << ", ";
     os << last_placement_->backends[i]->backend_id() << " " << ops[i] << " ops";
   }
+  // Resident bytes in MiB to the hundredth, so a budget check reading them is not fooled by
+  // rounding ("4.00 GiB" may be 4,101 MiB).
   os << "; resident:";
   for (const auto& b : executor_->backends()) {
-    os << " " << b->backend_id() << " " << format_bytes(executor_->resident_bytes(b->backend_id()));
+    char buf[48];
+    std::snprintf(buf, sizeof buf, " %s %.2f MiB", b->backend_id().c_str(),
+                  double(executor_->resident_bytes(b->backend_id())) / double(1 << 20));
+    os << buf;
   }
   return os.str();
 }

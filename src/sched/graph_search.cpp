@@ -88,7 +88,7 @@ class ExecutionSearch {
     }
   }
 
-  void set_homes(const ResidencyHomes& homes, bool check_memory = true) {
+  void set_homes(const ResidencyHomes& homes, bool check_memory) {
     weight_mask_.assign(g_.size(), kHost);
     cache_home_.assign(g_.size(), kNoBackend);
     free_.assign(nb_, 0);
@@ -409,7 +409,7 @@ std::string range_label(const std::vector<int>& layers) {
 ExecutionChoice search_execution(const PlannerConfig& config, const Graph& graph,
                                  const ResidencyHomes& homes) {
   ExecutionSearch s(config, graph);
-  s.set_homes(homes);
+  s.set_homes(homes, false);
   return s.run();
 }
 
@@ -484,7 +484,7 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
     return budget > used ? budget - used : size_t(0);
   };
   plan.reserve_bytes.assign(nb, 0);
-  // Everything resident (no streaming, so no staging ring): auto equals all-GPU when it fits.
+  // Everything resident: auto equals all-GPU when it fits.
   if (!devices.empty()) {
     Option all{"everything on " + config.backends[size_t(devices[0])]->backend_id(), pinned,
                std::vector<size_t>(nb, 0)};
@@ -500,10 +500,15 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
       for (const auto& name : unit->names) all.homes[name] = devices[0];
     }
     all.bytes[size_t(devices[0])] = total;
-    if (devices.size() == 1 && total <= capacity(devices[0], u.transient)) add_option(all);
+    if (devices.size() == 1 && total <= capacity(devices[0], 0)) add_option(all);
   }
-  const size_t reserve = size_t(kStreamAheadWeights + 1) * u.largest_streamable + u.transient;
-  for (int d : devices) plan.reserve_bytes[size_t(d)] = reserve;
+  // The budget bounds what stays resident; the activations of the largest op and the minimum
+  // staging of streamed weights come on top (reported in the plan).
+  const size_t reserve = 0;
+  for (int d : devices) {
+    plan.reserve_bytes[size_t(d)] =
+        size_t(kStreamAheadWeights + 1) * u.largest_streamable + u.transient;
+  }
   std::vector<int> layer_ids;
   for (const auto& [l, unit] : u.layer_weights) layer_ids.push_back(l);
   for (const auto& [l, unit] : u.layer_caches) {
@@ -583,7 +588,7 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
     cand.name = o.name;
     cand.device_bytes = o.bytes;
     for (size_t p = 0; p < phases.size(); ++p) {
-      searches[p].set_homes(o.homes);
+      searches[p].set_homes(o.homes, false);
       ExecutionChoice ec = searches[p].run();
       cand.phase_us.push_back(ec.ok ? ec.cost_us : kInf);
       best[p] = std::min(best[p], cand.phase_us.back());

@@ -41,16 +41,18 @@ struct ExecutionChoice {
 
 // The execution search. A node with a KV cache runs where the cache lives (its home, else the
 // first host backend); a weight pin or an op pin in the config forces its node.
+// The budgets bound residency (decided before): activations and staging are not checked.
 ExecutionChoice search_execution(const PlannerConfig& config, const Graph& graph,
                                  const ResidencyHomes& homes);
 
 // The cost model's step time of one given assignment (per node, as ExecutionChoice::backend),
 // or +infinity when a node is on a backend that cannot run it or away from its cache. Shares
 // its per-op costs with the search; the oracle the tests compare the search against.
-// check_memory: false ignores the budgets (for predicting a placement made another way).
+// check_memory: true also refuses a device op whose activations (and staging, for a streamed
+// weight) exceed what the budget leaves beside the resident tensors.
 double evaluate_execution(const PlannerConfig& config, const Graph& graph,
                           const ResidencyHomes& homes, std::span<const int> backend,
-                          bool check_memory = true);
+                          bool check_memory = false);
 
 // The residency search over `phases` (graphs over the same weights and caches).
 ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Graph* const> phases,

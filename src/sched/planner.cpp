@@ -63,6 +63,7 @@ class Walk {
     evals_.resize(n_backends_);
     stream_evals_.resize(n_backends_);
     ring_reserved_.assign(n_backends_, 0);
+    streamed_by_.assign(n_backends_, 0);
     excluded_.assign(n_backends_, false);
     searched_home_.assign(g.size(), kNoBackend);
     group_backend_.assign(size_t(c.n_groups), kNoBackend);
@@ -100,8 +101,12 @@ class Walk {
       if (ring_reserved_[b] == 0) continue;
       // The reserved minimum plus what the budget leaves, up to the cap.
       const size_t free = c_.budgets[b] > used_[b] ? c_.budgets[b] - used_[b] : 0;
+      // Auto's budget bounds weights and KV caches: its staging comes on top, as much as one
+      // step streams (up to the cap), like a device planned without a budget.
       p.stream_staging_bytes[b] =
-          std::max(ring_reserved_[b], std::min(ring_reserved_[b] + free, kMaxStreamStagingBytes));
+          searched_ ? std::max(ring_reserved_[b], std::min(streamed_by_[b], kMaxStreamStagingBytes))
+                    : std::max(ring_reserved_[b],
+                               std::min(ring_reserved_[b] + free, kMaxStreamStagingBytes));
     }
     return p;
   }
@@ -234,15 +239,16 @@ class Walk {
       e.persistent = persistent;
       e.needed = persistent + transient;
       e.free = c_.budgets[b] > used_[b] ? c_.budgets[b] - used_[b] : 0;
-      e.fits = e.needed <= e.free;
+      // Auto's budget bounds what stays resident (weights, KV caches); activations come on top.
+      e.fits = (searched_ ? e.persistent : e.needed) <= e.free;
       const std::string& id = c_.backends[b]->backend_id();
       // An exhausted device still takes ops on weights or caches already there (preloaded)
       // that need no new memory, and ops on activations it already holds (a streamed chain);
       // other activation-only ops stay off it (no ping-pong).
       if (searched_) {
         if (!e.fits)
-          e.memory_detail = id + " needs " + format_bytes(e.needed) + ", its budget has " +
-                            format_bytes(e.free) + " free";
+          e.memory_detail = id + " needs " + format_bytes(e.persistent) +
+                            " resident, its budget has " + format_bytes(e.free) + " free";
       } else if (exhausted_[b] && (persistent > 0 || (!persistent_here && !input_here))) {
         e.fits = false;
         e.needed = exhaust_needed_[b];
@@ -325,7 +331,7 @@ class Walk {
       se.ring_growth = ring > ring_reserved_[b] ? ring - ring_reserved_[b] : 0;
       const size_t needed = transient + se.ring_growth;
       const size_t free = c_.budgets[b] > used_[b] ? c_.budgets[b] - used_[b] : 0;
-      se.ok = needed <= free;
+      se.ok = needed <= free || searched_ != nullptr;
     }
   }
 
@@ -714,8 +720,9 @@ class Walk {
     const int gb = c_.group[size_t(b)];
     if (!sel.streamed.empty()) {
       const StreamEval& se = stream_evals_[size_t(b)];
-      used_[size_t(b)] += se.ring_growth;
+      if (!searched_) used_[size_t(b)] += se.ring_growth;
       ring_reserved_[size_t(b)] += se.ring_growth;
+      streamed_by_[size_t(b)] += se.weight_bytes;
       streamed_bytes_ += se.weight_bytes;
     }
     for (size_t i = 0; i < n.inputs.size(); ++i) {
@@ -766,6 +773,7 @@ class Walk {
   std::vector<Eval> evals_;
   std::vector<StreamEval> stream_evals_;
   std::vector<size_t> ring_reserved_;  // per device: staging memory reserved for streaming
+  std::vector<size_t> streamed_by_;    // per device: weight bytes it streams each run
   size_t streamed_bytes_ = 0;
   std::vector<bool> excluded_;
   std::vector<uint8_t> hops_;

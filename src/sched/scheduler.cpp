@@ -346,6 +346,7 @@ std::shared_ptr<const Placement> HybridScheduler::plan(const Graph& graph,
     // Whole-graph placement: the residency (once, shared by every phase), then this graph's
     // execution by the search; the walk follows it and does the bookkeeping.
     ExecutionChoice choice = search_execution(*impl_->config, graph, impl_->homes);
+    // (The budget bounds residency, decided above; activations and staging come on top.)
     if (!choice.ok) throw_error(ErrorCode::Unsupported, "scheduler", choice.failure);
     SearchedPlacement sp;
     sp.backend = std::move(choice.backend);

@@ -599,7 +599,7 @@ TEST(Scheduler, AutomaticPlacesTheWholeGraphNotOpByOp) {
   EXPECT_EQ(q->at(y).backend->backend_id(), "gpu");
 }
 
-TEST(Scheduler, AutomaticMovesOffTheCheapestWhenItHasNoRoom) {
+TEST(Scheduler, AutomaticStreamsAWeightItsBudgetCannotHold) {
   Graph g;
   TensorId x = g.input("x", DType::F32, {256, 4});
   TensorId w = g.weight("w", DType::F32, {256, 256});
@@ -613,13 +613,26 @@ TEST(Scheduler, AutomaticMovesOffTheCheapestWhenItHasNoRoom) {
                    .memory_budget("gpu", 1000)
                    .build();
   auto p = sched.plan(g);
-  EXPECT_EQ(p->at(y).backend->backend_id(), "cpu");
-  EXPECT_EQ(p->at(y).reason.kind, K::MemoryConstraint);
-  // The weight has no room, so it stays in host memory; even streamed, the GPU would need x and
-  // y: 4096 + 4096 bytes.
-  EXPECT_EQ(p->at(y).reason.needed_bytes, 8192u);
-  EXPECT_EQ(p->at(y).reason.free_bytes, 1000u);
-  EXPECT_EQ(p->at(y).reason.costs.size(), 2u);
+  // The weight (262144 B) does not fit the budget, so it lives in host memory; with a free link
+  // the GPU runs the matmul with it streamed in (staging on top of the budget).
+  EXPECT_EQ(sched.residency_plan()->home.count("w"), 0u);
+  EXPECT_EQ(p->at(y).backend->backend_id(), "gpu");
+  EXPECT_EQ(p->at(y).reason.kind, K::Streamed);
+  ASSERT_EQ(p->at(y).streamed.size(), 1u);
+  EXPECT_EQ(p->streamed_bytes, 262144u);
+  EXPECT_EQ(p->planned_uploads, 0u);
+  EXPECT_GE(p->stream_staging_bytes[1], 262144u);
+  // A slow link makes the CPU the better home for the op.
+  auto slow = HybridScheduler::builder()
+                  .with_backend(make_cpu())
+                  .with_backend(make_gpu())
+                  .strategy(Strategy::automatic())
+                  .cost_model(two_profiles({0.25, 2.0}))
+                  .memory_budget("gpu", 1000)
+                  .build();
+  auto q = slow.plan(g);
+  EXPECT_EQ(q->at(y).backend->backend_id(), "cpu");
+  EXPECT_EQ(q->at(y).reason.kind, K::CostModel);
 }
 
 // One attention block over persistent K/V caches.
