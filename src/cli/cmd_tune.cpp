@@ -112,26 +112,41 @@ void add_tune(CLI::App& app, std::function<int()>& run) {
             if (!b->host_accessible()) v.device_bytes += r.resident_bytes(b->backend_id());
           }
         };
+        // -ngl N as the user types it (no budget: its weights and KV caches decide the bytes);
+        // the largest N whose bytes fit the budget, and a few below it.
+        EngineOptions unbudgeted = base;
+        unbudgeted.gpu_memory.reset();
         int fit = -1;
         for (int n = n_layer + 1; n >= 0 && fit < 0; --n) {
-          Variant v{"", base};
+          Variant v{"", unbudgeted};
           v.options.strategy = "gpu";
           auto pins = ngl_pins(n, n_layer, false);
           v.options.pins.insert(v.options.pins.end(), pins.begin(), pins.end());
           predicted(v);
           if (!base.gpu_memory || v.device_bytes <= *base.gpu_memory) fit = n;
         }
+        auto add_ngl = [&](std::string label, std::vector<TensorPin> pins) {
+          Variant v{std::move(label), unbudgeted};
+          v.options.strategy = "gpu";
+          v.options.pins.insert(v.options.pins.end(), pins.begin(), pins.end());
+          predicted(v);
+          if (!base.gpu_memory || v.device_bytes <= *base.gpu_memory)
+            variants.push_back(std::move(v));
+        };
         for (int n : {fit, fit - 2, fit - 4, 0}) {
           if (n < 0 || (n == 0 && fit <= 4)) continue;
-          add("-ngl " + std::to_string(n), "gpu", ngl_pins(n, n_layer, false));
+          add_ngl("-ngl " + std::to_string(n), ngl_pins(n, n_layer, false));
         }
         if (fit >= 1 && fit <= n_layer) {
-          add("-ngl " + std::to_string(fit - 1) + " + output on the GPU", "gpu",
-              ngl_pins(fit - 1, n_layer, true));
+          add_ngl("-ngl " + std::to_string(fit - 1) + " + output on the GPU",
+                  ngl_pins(fit - 1, n_layer, true));
         }
+        // Under the budget: the strategy offloads what fits of the class not pinned.
         add("FFN weights offloaded (-ot attn=cpu)", "gpu", {{"attn_", "cpu"}});
         add("attention weights offloaded (-ot ffn=cpu)", "gpu", {{"ffn_", "cpu"}});
-        for (Variant& v : variants) predicted(v);
+        for (Variant& v : variants) {
+          if (v.device_bytes == 0) predicted(v);
+        }
       }
       std::mt19937 rng(1);
       Progress progress("tune", variants.size());
@@ -181,7 +196,7 @@ void add_tune(CLI::App& app, std::function<int()>& run) {
         f.model = base.model_path.substr(base.model_path.find_last_of('/') + 1);
         f.n_layer = n_layer;
         f.strategy = best.options.strategy;
-        f.gpu_memory = base.gpu_memory;
+        f.gpu_memory = best.options.gpu_memory;
         f.pins = best.options.pins;
         write_file(o->save, placement_to_json(f), "--save");
         std::printf("saved '%s' to %s (use: --placement %s)\n", best.label.c_str(), o->save.c_str(),
