@@ -9,6 +9,7 @@ namespace tandem::cli {
 void add_commands(CLI::App& app, std::function<int()>& run) {
   add_run(app, run);
   add_bench(app, run);
+  add_calibrate(app, run);
   add_synth(app, run);
   add_inspect(app, run);
   add_devices(app, run);

@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <iostream>
 #include <numeric>
 #include <sstream>
 
@@ -45,9 +46,15 @@ Engine::Engine(const EngineOptions& options)
                                [&](const auto& b) { return b->backend_id() == id; });
     if (!present) backends.push_back(create_backend(id, backend_options));
   }
+  CostProfileOptions cost_options;
+  cost_options.path = options.cost_profile;
+  cost_options.use_builtin = options.no_calibrate;
+  cost_options.calibrate_if_missing = options.calibrate_if_missing;
+  costs_ = load_cost_model(backends, cost_options, std::cerr);
+  learn_ = options.learn && options.timing == TimingMode::PerOp && costs_.measured;
   auto builder = HybridScheduler::builder();
   for (auto& b : backends) builder.with_backend(b);
-  builder.strategy(strategy).strict(options.strict);
+  builder.strategy(strategy).strict(options.strict).cost_model(costs_.model);
   for (const auto& pin : pins) builder.pin_tensor(pin.pattern, pin.backend_id);
   if (options.gpu_memory) {
     for (auto& b : backends) {
@@ -109,8 +116,27 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
       .input(lg.positions, positions_.data(), positions_.size() * sizeof(int32_t))
       .output(lg.logits, logits_.data(), logits_.size() * sizeof(float));
   executor_->run(lg.graph, *last_placement_, bindings);
+  if (learn_) learn_from(lg.graph);
   n_past_ += n;
   return logits_;
+}
+
+void Engine::learn_from(const Graph& graph) {
+  const std::vector<ExecutionEvent> events = executor_->telemetry().get_telemetry();
+  if (events_learned_ > events.size()) events_learned_ = 0;  // the telemetry was cleared
+  for (size_t i = events_learned_; i < events.size(); ++i) {
+    const ExecutionEvent& e = events[i];
+    if (e.kind != EventKind::Op || !(e.actual_us > 0.0)) continue;
+    const int b = scheduler_->backend_index(e.backend);
+    if (b == kNoBackend) continue;
+    costs_.model.observe(graph, graph.node(e.node), e.backend,
+                         scheduler_->backends()[size_t(b)]->kind(), e.actual_us);
+  }
+  events_learned_ = events.size();
+}
+
+void Engine::save_learned() {
+  if (learn_) save_cost_model(costs_);
 }
 
 void Engine::upload_weights(const Graph& graph, const Placement& placement) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/calibration.h"
 #include "tandem/executor.h"
 #include "tandem/model/gguf.h"
 #include "tandem/model/llama_config.h"
@@ -34,6 +35,12 @@ struct EngineOptions {
   std::optional<int> n_gpu_layers;
   TimingMode timing = TimingMode::Off;
   bool record_events = true;
+  // Cost profile: another file (--cost-profile), none (--no-calibrate), a quick calibration
+  // when missing (run, bench), and learning from timed ops (TimingMode::PerOp).
+  std::string cost_profile;
+  bool no_calibrate = false;
+  bool calibrate_if_missing = false;
+  bool learn = false;
 };
 
 class Engine {
@@ -60,10 +67,15 @@ class Engine {
   const Graph* last_graph() const { return last_graph_; }
   // "cuda:0 301 ops, cpu 12 ops; resident: cuda:0 4.21 GiB"
   std::string placement_summary() const;
+  // The cost model the scheduler was built with, refined by every timed op when learning.
+  const LoadedCostModel& costs() const { return costs_; }
+  // Writes what was learned back to the cost profile (no-op without one or without learning).
+  void save_learned();
 
  private:
   const LlamaGraph& graph_for(int64_t n_tokens, bool all_logits);
   void upload_weights(const Graph& graph, const Placement& placement);
+  void learn_from(const Graph& graph);
 
   gguf::File file_;
   LlamaConfig config_;
@@ -80,6 +92,9 @@ class Engine {
   int64_t n_past_ = 0;
   DType kv_dtype_ = DType::F16;
   std::string strategy_name_;
+  LoadedCostModel costs_;
+  bool learn_ = false;
+  size_t events_learned_ = 0;
 };
 
 }  // namespace tandem::cli

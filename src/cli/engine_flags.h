@@ -21,6 +21,8 @@ struct EngineFlags {
   std::vector<int> n_gpu_layers;  // empty: unset; several only where lists are allowed (bench)
   int64_t ctx = 0;
   bool strict = false;
+  std::string cost_profile;
+  bool no_calibrate = false;
   bool ngl_list = false;  // set by add()
 
   // ngl_list: -ngl takes a comma list (bench runs every value).
