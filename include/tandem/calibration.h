@@ -47,7 +47,6 @@ struct CalibrationOptions {
 BackendProfile calibrate_backend(Backend& backend, const CalibrationOptions& options = {});
 
 // ---- fitting (pure, testable on synthetic measurements) ----
-double median(std::vector<double> values);
 struct LinkFit {
   double bandwidth_gbs = 0.0;
   double latency_us = 0.0;

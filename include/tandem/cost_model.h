@@ -55,8 +55,9 @@ struct OpSample {
   double us = 0.0;  // median measured time, launch included
 };
 
-// Learned from timed runs: recent actual / estimate ratios of one (op key, size bucket); their
-// median (at least kMinLearnedSamples of them) scales the estimate, so outliers do not move it.
+// Learned from timed runs: actual / estimate ratios of one (op key, size bucket), one per graph
+// run (the median of that run's ops, whose times move together); the median of the most recent
+// (at least kMinLearnedSamples) scales the estimate, so a stray run does not move it.
 struct LearnedTimes {
   std::vector<double> ratios;  // at most kLearnedSamples, oldest first
 };
@@ -106,6 +107,9 @@ struct OpCost {
   double total_us() const { return compute_us + transfer_us; }
 };
 
+// The median (the mean of the middle two for an even count); throws InvalidArgument when empty.
+double median(std::vector<double> values);
+
 // Runs over which the scheduler spreads a weight's one-time upload when it compares backends
 // (decode reuses every weight hundreds of times; 32 keeps short prompts honest).
 inline constexpr double kWeightReuseRuns = 32.0;
@@ -138,9 +142,12 @@ class CostModel {
   std::string to_json() const;
 
   // Records a timed run of `node` on `backend_id` (actual_us measured alone, launch included):
-  // the ratio to the estimate without learning joins its (op key, size bucket).
+  // its ratio to the estimate without learning waits for end_observations(), which adds the
+  // median ratio of each (backend, op key, size bucket) observed since to the profile. Call it
+  // once per graph run.
   void observe(const Graph& graph, const Node& node, std::string_view backend_id, BackendKind kind,
                double actual_us);
+  void end_observations();
 
   // The cost of running `node` on a backend with `profile`. input_hops[i] says how far
   // node.inputs[i] is from that backend: 0 resident, 1 one link copy (host <-> device),
@@ -162,6 +169,7 @@ class CostModel {
 
  private:
   std::map<std::string, BackendProfile, std::less<>> profiles_;
+  std::map<std::pair<std::string, std::pair<OpKey, int>>, std::vector<double>> pending_;
 };
 
 }  // namespace tandem

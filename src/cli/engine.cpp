@@ -132,6 +132,7 @@ void Engine::learn_from(const Graph& graph) {
     costs_.model.observe(graph, graph.node(e.node), e.backend,
                          scheduler_->backends()[size_t(b)]->kind(), e.actual_us);
   }
+  costs_.model.end_observations();
   events_learned_ = events.size();
 }
 

@@ -171,16 +171,21 @@ int CostModel::size_bucket(double compute_us) {
   return int(std::floor(2.0 * std::log2(std::max(compute_us, 1e-3))));
 }
 
+double median(std::vector<double> values) {
+  TANDEM_CHECK_ARG(!values.empty(), "median", "no values");
+  const size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + long(mid), values.end());
+  double m = values[mid];
+  if (values.size() % 2 == 0) {
+    m = (m + *std::max_element(values.begin(), values.begin() + long(mid))) / 2.0;
+  }
+  return m;
+}
+
 double CostModel::learned_factor(const BackendProfile& profile, const OpKey& key, int bucket) {
   const auto it = profile.learned.find({key, bucket});
   if (it == profile.learned.end() || it->second.ratios.size() < kMinLearnedSamples) return 1.0;
-  std::vector<double> r = it->second.ratios;
-  std::nth_element(r.begin(), r.begin() + long(r.size() / 2), r.end());
-  double median = r[r.size() / 2];
-  if (r.size() % 2 == 0) {
-    median = (median + *std::max_element(r.begin(), r.begin() + long(r.size() / 2))) / 2.0;
-  }
-  return median;
+  return median(it->second.ratios);
 }
 
 void CostModel::observe(const Graph& graph, const Node& node, std::string_view backend_id,
@@ -194,9 +199,16 @@ void CostModel::observe(const Graph& graph, const Node& node, std::string_view b
   const OpKey key = op_key(graph, node);
   const double base = calibrated_compute_us(op_work(graph, node), key, p);
   if (!(base > 0.0)) return;
-  std::vector<double>& ratios = p.learned[{key, size_bucket(base)}].ratios;
-  if (ratios.size() >= kLearnedSamples) ratios.erase(ratios.begin());
-  ratios.push_back(actual_us / base);
+  pending_[{it->first, {key, size_bucket(base)}}].push_back(actual_us / base);
+}
+
+void CostModel::end_observations() {
+  for (auto& [where, ratios] : pending_) {
+    std::vector<double>& kept = profiles_.at(where.first).learned[where.second].ratios;
+    if (kept.size() >= kLearnedSamples) kept.erase(kept.begin());
+    kept.push_back(median(std::move(ratios)));
+  }
+  pending_.clear();
 }
 
 // ---- JSON ----

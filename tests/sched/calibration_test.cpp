@@ -137,7 +137,7 @@ TEST(Calibration, OpKeysSeparateOneTokenProducts) {
   EXPECT_TRUE(op_key(g, g.node(a)).one_token);
 }
 
-TEST(Calibration, LearningTakesTheMedianOfRecentRatios) {
+TEST(Calibration, LearningTakesTheMedianOfRecentRuns) {
   CostModel model;
   BackendProfile p = CostModel::default_profile(BackendKind::Cpu);
   p.launch_us = 0.0;
@@ -145,27 +145,32 @@ TEST(Calibration, LearningTakesTheMedianOfRecentRatios) {
   model.set_profile("cpu", p);
   TensorId id;
   Graph g = add_graph(100000, id);  // roofline 120 us
-  const double base =
-      CostModel::estimate(g, g.node(id), model.profile("cpu", BackendKind::Cpu)).compute_us;
-  EXPECT_NEAR(base, 120.0, 1e-9);
-  // Fewer than kMinLearnedSamples change nothing.
-  model.observe(g, g.node(id), "cpu", BackendKind::Cpu, 240.0);
-  model.observe(g, g.node(id), "cpu", BackendKind::Cpu, 240.0);
-  EXPECT_NEAR(CostModel::estimate(g, g.node(id), model.profile("cpu", BackendKind::Cpu)).compute_us,
-              base, 1e-9);
-  // Then the median ratio (2) scales the estimate; one wild outlier does not move it.
-  model.observe(g, g.node(id), "cpu", BackendKind::Cpu, 24000.0);
-  model.observe(g, g.node(id), "cpu", BackendKind::Cpu, 240.0);
-  model.observe(g, g.node(id), "cpu", BackendKind::Cpu, 240.0);
-  EXPECT_NEAR(CostModel::estimate(g, g.node(id), model.profile("cpu", BackendKind::Cpu)).compute_us,
-              240.0, 1e-9);
-  // Only recent samples are kept.
-  for (size_t i = 0; i < kLearnedSamples + 4; ++i)
-    model.observe(g, g.node(id), "cpu", BackendKind::Cpu, 60.0);
+  auto estimate = [&] {
+    return CostModel::estimate(g, g.node(id), model.profile("cpu", BackendKind::Cpu)).compute_us;
+  };
+  // One graph run: its ops' times, then end_observations().
+  auto run = [&](std::initializer_list<double> actual_us) {
+    for (double us : actual_us) model.observe(g, g.node(id), "cpu", BackendKind::Cpu, us);
+    model.end_observations();
+  };
+  EXPECT_NEAR(estimate(), 120.0, 1e-9);
+  // Fewer than kMinLearnedSamples runs change nothing.
+  run({240.0});
+  run({240.0, 250.0, 230.0});
+  EXPECT_NEAR(estimate(), 120.0, 1e-9);
+  // A run counts once, with its median: an outlier op inside it moves nothing.
+  run({24000.0, 240.0, 240.0});
+  EXPECT_NEAR(estimate(), 240.0, 1e-9);
+  // Nor does one stray run among the recent ones.
+  run({240.0});
+  run({12.0});
+  EXPECT_NEAR(estimate(), 240.0, 1e-9);
+  // Only the most recent runs are kept.
+  for (size_t i = 0; i < kLearnedSamples + 4; ++i) run({60.0});
   const BackendProfile learned = model.profile("cpu", BackendKind::Cpu);
   ASSERT_EQ(learned.learned.size(), 1u);
   EXPECT_EQ(learned.learned.begin()->second.ratios.size(), kLearnedSamples);
-  EXPECT_NEAR(CostModel::estimate(g, g.node(id), learned).compute_us, 60.0, 1e-9);
+  EXPECT_NEAR(estimate(), 60.0, 1e-9);
 }
 
 TEST(Calibration, ReferenceBackendHasItsOwnSlowFigures) {
