@@ -475,15 +475,19 @@ class Calibrator {
       to_host.push_back(
           {double(n), time_copy([&] { b_.copy_to_host(host.data(), device.data(), n); })});
     }
-    if (b_.prepare_stream_source(host.data(), host.size())) {
-      for (size_t n : sizes) {
-        pinned.push_back({double(n), time_copy([&] {
-                            b_.stream_from_host(device.data(), host.data(), n, 0);
-                            b_.wait_stream_event(0);
-                          })});
+    // A device may keep a page-locked copy of exactly the bytes it was given: one per size,
+    // prepared before its copies are timed.
+    for (size_t n : sizes) {
+      if (!b_.prepare_stream_source(host.data(), n)) {
+        pinned.clear();
+        break;
       }
-      b_.release_stream_source(host.data());
+      pinned.push_back({double(n), time_copy([&] {
+                          b_.stream_from_host(device.data(), host.data(), n, 0);
+                          b_.wait_stream_event(0);
+                        })});
     }
+    b_.release_stream_source(host.data());
     LinkProfile& link = profile_.link;
     const LinkFit d = fit_link(to_device), h = fit_link(to_host);
     link.bandwidth_gbs = d.bandwidth_gbs;

@@ -15,6 +15,7 @@
 #include "tandem/registry.h"
 #include "tandem/scheduler.h"
 #include "tandem/telemetry.h"
+#include "test_backends.h"
 
 namespace tandem {
 namespace {
@@ -390,6 +391,33 @@ TEST(Calibration, QuickCpuCalibrationIsSaneAndCached) {
   EXPECT_EQ(log.str(), "");
   EXPECT_EQ(again.path, loaded.path);
   EXPECT_DOUBLE_EQ(again.model.profile(*cpu).launch_us, p.launch_us);
+}
+
+TEST(Calibration, DeviceLinkIsFittedEachWayAndOnlyDeclaredOpsAreTimed) {
+  // A host-memory stand-in for a GPU that runs only Add: quick to calibrate, and its copies go
+  // through the backend API as a device's do.
+  std::vector<OpCapability> caps;
+  for (const OpCapability& c : ReferenceBackend::reference_capabilities()) {
+    if (c.op == OpKind::Add) caps.push_back(c);
+  }
+  auto gpu = test::make_gpu("cuda:7", caps);
+  CalibrationOptions quick;
+  quick.quick = true;
+  std::vector<std::string> said;
+  quick.progress = [&](std::string_view line) { said.emplace_back(line); };
+  const BackendProfile p = calibrate_backend(*gpu, quick);
+  EXPECT_TRUE(p.calibrated);
+  for (double v : {p.link.bandwidth_gbs, p.link.to_host_bandwidth_gbs}) {
+    EXPECT_TRUE(std::isfinite(v) && v > 0.0) << v;
+  }
+  EXPECT_GE(p.link.latency_us, 0.0);
+  EXPECT_EQ(p.link.pinned_bandwidth_gbs, 0.0);  // this device keeps no page-locked copies
+  ASSERT_FALSE(p.op_samples.empty());
+  for (const auto& [key, samples] : p.op_samples) EXPECT_EQ(key.op, OpKind::Add);
+  EXPECT_NE(std::find(said.begin(), said.end(), "link"), said.end());
+  const DeviceKey key = device_key(*gpu);
+  EXPECT_EQ(key.kind, "gpu");
+  EXPECT_FALSE(key.device.empty());
 }
 
 TEST(Calibration, EstimateReportFlagsStrayOpTypes) {
