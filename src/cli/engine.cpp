@@ -51,7 +51,10 @@ Engine::Engine(const EngineOptions& options)
   cost_options.use_builtin = options.no_calibrate;
   cost_options.calibrate_if_missing = options.calibrate_if_missing;
   costs_ = load_cost_model(backends, cost_options, std::cerr);
-  learn_ = options.learn && options.timing == TimingMode::PerOp && costs_.measured;
+  TANDEM_CHECK_ARG(options.learn_every >= 0, "--learn-every", "must be >= 0");
+  learn_every_ = options.timing == TimingMode::PerOp ? 0 : options.learn_every;
+  learn_ = costs_.measured &&
+           ((options.learn && options.timing == TimingMode::PerOp) || learn_every_ > 0);
   auto builder = HybridScheduler::builder();
   for (auto& b : backends) builder.with_backend(b);
   builder.strategy(strategy).strict(options.strict).cost_model(costs_.model);
@@ -115,8 +118,13 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
   bindings.input(lg.tokens, tokens.data(), tokens.size_bytes())
       .input(lg.positions, positions_.data(), positions_.size() * sizeof(int32_t))
       .output(lg.logits, logits_.data(), logits_.size() * sizeof(float));
+  // One step in learn_every_ is timed per op (it synchronizes after every op) to learn from.
+  const bool sampled = learn_ && learn_every_ > 0 && ++steps_ % learn_every_ == 0;
+  const TimingMode timing = executor_->options().timing;
+  if (sampled) executor_->set_timing(TimingMode::PerOp);
   executor_->run(lg.graph, *last_placement_, bindings);
-  if (learn_) learn_from(lg.graph);
+  if (sampled) executor_->set_timing(timing);
+  if (learn_ && (sampled || learn_every_ == 0)) learn_from(lg.graph);
   n_past_ += n;
   return logits_;
 }

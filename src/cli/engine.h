@@ -36,11 +36,13 @@ struct EngineOptions {
   TimingMode timing = TimingMode::Off;
   bool record_events = true;
   // Cost profile: another file (--cost-profile), none (--no-calibrate), a quick calibration
-  // when missing (run, bench), and learning from timed ops (TimingMode::PerOp).
+  // when missing (run, bench), and learning from timed ops (TimingMode::PerOp) or from one
+  // step in learn_every, timed per op when the rest are not.
   std::string cost_profile;
   bool no_calibrate = false;
   bool calibrate_if_missing = false;
   bool learn = false;
+  int learn_every = 0;
 };
 
 class Engine {
@@ -94,6 +96,8 @@ class Engine {
   std::string strategy_name_;
   LoadedCostModel costs_;
   bool learn_ = false;
+  int learn_every_ = 0;
+  int64_t steps_ = 0;
   size_t events_learned_ = 0;
 };
 

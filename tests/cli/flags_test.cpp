@@ -169,6 +169,12 @@ TEST(Flags, CalibrateWritesAProfileThatRunLoadsAndBadOnesAreRefused) {
       tandem("run -m " + m + " -p hi -n 2 -t 1 --strategy cpu --stats --cost-profile " + profile);
   ASSERT_EQ(stats.code, 0) << stats.err;
   EXPECT_NE(stats.err.find("estimate vs actual: median |error|"), std::string::npos) << stats.err;
+  // So does a run that times one step in two.
+  Result sampled = tandem("run -m " + m + " -p hi -n 4 -t 1 --strategy cpu --learn-every 2 " +
+                          "--cost-profile " + profile);
+  ASSERT_EQ(sampled.code, 0) << sampled.err;
+  EXPECT_NE(sampled.err.find("estimate vs actual: median |error|"), std::string::npos)
+      << sampled.err;
   std::filesystem::remove_all(dir);
 }
 
