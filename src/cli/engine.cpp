@@ -46,12 +46,12 @@ Engine::Engine(const EngineOptions& options)
                                [&](const auto& b) { return b->backend_id() == id; });
     if (!present) backends.push_back(create_backend(id, backend_options));
   }
+  TANDEM_CHECK_ARG(options.learn_every >= 0, "--learn-every", "must be >= 0");
   CostProfileOptions cost_options;
   cost_options.path = options.cost_profile;
   cost_options.use_builtin = options.no_calibrate;
   cost_options.calibrate_if_missing = options.calibrate_if_missing;
   costs_ = load_cost_model(backends, cost_options, std::cerr);
-  TANDEM_CHECK_ARG(options.learn_every >= 0, "--learn-every", "must be >= 0");
   learn_every_ = options.timing == TimingMode::PerOp ? 0 : options.learn_every;
   learn_ = costs_.measured &&
            ((options.learn && options.timing == TimingMode::PerOp) || learn_every_ > 0);
