@@ -53,6 +53,7 @@ struct Strategy {
   static Strategy parse(std::string_view text);
   std::string to_string() const;  // "gpu_preferred", ..., "backend_only(cuda:0)"
 };
+using ExecutionStrategy = Strategy;  // the seed's name
 
 // One candidate's estimated cost, as listed by SelectionReason::CostModel.
 struct CandidateCost {

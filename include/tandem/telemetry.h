@@ -49,6 +49,7 @@ struct BackendUsage {
   size_t transfer_bytes = 0;
   double transfer_us = 0.0;
 };
+using BackendStats = BackendUsage;  // the seed's name
 
 struct OpTypeStats {
   size_t count = 0;

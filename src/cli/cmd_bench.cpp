@@ -90,6 +90,7 @@ int run_bench(const BenchOptions& o) {
   for (const auto& strategy : strategies) {
     for (size_t ngl_index = 0; ngl_index < ngl_count; ++ngl_index) {
       EngineOptions eo = o.engine.to_options(strategy, ngl_index);
+      eo.calibrate_if_missing = true;
       if (eo.n_ctx == 0) eo.n_ctx = max_tokens + 1;
       std::string label =
           o.engine.placement.empty() ? strategy : eo.strategy + " (" + o.engine.placement + ")";
@@ -129,10 +130,14 @@ int run_bench(const BenchOptions& o) {
       if (o.stats) {
         // A separate, untimed pass with per-op timing (it synchronizes after every op).
         eo.timing = TimingMode::PerOp;
+        eo.learn = true;
         Engine engine(eo);
         for (const auto& test : tests) run_bench_test(engine, test.n_prompt, test.n_gen, rng);
         summaries << "per-op times from one untimed run of every test:\n";
         engine.executor().telemetry().print_debug_summary(summaries);
+        print_estimate_report(estimate_report(engine.executor().telemetry().get_telemetry()),
+                              summaries);
+        engine.save_learned();
       }
       summaries << "\n";
     }

@@ -28,7 +28,7 @@ void add_run(CLI::App& app, std::function<int()>& run) {
   struct Opts {
     EngineFlags engine;
     std::string prompt, strategy = "gpu", trace;
-    int n_predict = 64;
+    int n_predict = 64, learn_every = 0;
     int64_t seed = 0;
     float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
     int top_k = 40;
@@ -58,7 +58,13 @@ void add_run(CLI::App& app, std::function<int()>& run) {
       "--trace", o->trace,
       "Write a Chrome trace (Perfetto) to FILE: each segment and streamed copy timed on its "
       "device's queues, so overlap shows (with --stats: every op timed alone)");
-  cmd->add_flag("--stats", o->stats, "Time every op (synchronizes; slower) for the summary");
+  cmd->add_option("--learn-every", o->learn_every,
+                  "Time every op of one step in N (without --stats) and refine the cost profile "
+                  "from it (0: off)")
+      ->capture_default_str();
+  cmd->add_flag("--stats", o->stats,
+                "Time every op (synchronizes; slower): estimated against actual per op type, "
+                "learned into the cost profile");
   cmd->callback([&run, o]() {
     run = [o]() {
       TANDEM_CHECK_ARG(o->n_predict >= -1, "--n-predict",
@@ -68,6 +74,9 @@ void add_run(CLI::App& app, std::function<int()>& run) {
       TANDEM_CHECK_ARG(o->seed >= -1, "--seed", "must be >= 0, or -1 for a random seed");
       const std::string prompt_text = o->escape ? process_escapes(o->prompt) : o->prompt;
       EngineOptions eo = o->engine.to_options(o->strategy);
+      eo.calibrate_if_missing = true;
+      eo.learn = o->stats;  // timed ops refine the saved cost profile
+      eo.learn_every = o->learn_every;
       // --stats times each op alone; a trace alone times segments and copies on the devices'
       // queues without waiting, so overlap shows.
       eo.timing = o->stats            ? TimingMode::PerOp
@@ -121,6 +130,11 @@ void add_run(CLI::App& app, std::function<int()>& run) {
       if (o->seed == -1) std::fprintf(stderr, "seed: %llu\n", (unsigned long long)sp.seed);
       std::fprintf(stderr, "placement: %s\n", engine.placement_summary().c_str());
       engine.executor().telemetry().print_debug_summary(std::cerr);
+      if (o->stats || o->learn_every > 0) {
+        print_estimate_report(estimate_report(engine.executor().telemetry().get_telemetry()),
+                              std::cerr);
+        engine.save_learned();
+      }
       if (!o->trace.empty()) {
         write_file(o->trace, engine.executor().telemetry().to_chrome_trace_json(), "--trace");
         std::fprintf(stderr, "trace written to %s\n", o->trace.c_str());

@@ -11,6 +11,7 @@ void add_commands(CLI::App& app, std::function<int()>& run) {
   add_bench(app, run);
   add_plan(app, run);
   add_tune(app, run);
+  add_calibrate(app, run);
   add_synth(app, run);
   add_inspect(app, run);
   add_devices(app, run);

@@ -24,5 +24,6 @@ void add_logits(CLI::App& app, std::function<int()>& run);
 void add_bench(CLI::App& app, std::function<int()>& run);
 void add_plan(CLI::App& app, std::function<int()>& run);
 void add_tune(CLI::App& app, std::function<int()>& run);
+void add_calibrate(CLI::App& app, std::function<int()>& run);
 
 }  // namespace tandem::cli

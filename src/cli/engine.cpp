@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iostream>
 #include <numeric>
 #include <sstream>
 
@@ -46,9 +47,18 @@ Engine::Engine(const EngineOptions& options)
                                [&](const auto& b) { return b->backend_id() == id; });
     if (!present) backends.push_back(create_backend(id, backend_options));
   }
+  TANDEM_CHECK_ARG(options.learn_every >= 0, "--learn-every", "must be >= 0");
+  CostProfileOptions cost_options;
+  cost_options.path = options.cost_profile;
+  cost_options.use_builtin = options.no_calibrate;
+  cost_options.calibrate_if_missing = options.calibrate_if_missing;
+  costs_ = load_cost_model(backends, cost_options, std::cerr);
+  learn_every_ = options.timing == TimingMode::PerOp ? 0 : options.learn_every;
+  learn_ = costs_.measured &&
+           ((options.learn && options.timing == TimingMode::PerOp) || learn_every_ > 0);
   auto builder = HybridScheduler::builder();
   for (auto& b : backends) builder.with_backend(b);
-  builder.strategy(strategy).strict(options.strict);
+  builder.strategy(strategy).strict(options.strict).cost_model(costs_.model);
   for (const auto& pin : pins) builder.pin_tensor(pin.pattern, pin.backend_id);
   if (options.gpu_memory) {
     for (auto& b : backends) {
@@ -110,7 +120,13 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
   bindings.input(lg.tokens, tokens.data(), tokens.size_bytes())
       .input(lg.positions, positions_.data(), positions_.size() * sizeof(int32_t))
       .output(lg.logits, logits_.data(), logits_.size() * sizeof(float));
+  // One step in learn_every_ is timed per op (it synchronizes after every op) to learn from.
+  const bool sampled = learn_ && learn_every_ > 0 && ++steps_ % learn_every_ == 0;
+  const TimingMode timing = executor_->options().timing;
+  if (sampled) executor_->set_timing(TimingMode::PerOp);
   executor_->run(lg.graph, *last_placement_, bindings);
+  if (sampled) executor_->set_timing(timing);
+  if (learn_ && (sampled || learn_every_ == 0)) learn_from(lg.graph);
   n_past_ += n;
   return logits_;
 }
@@ -142,6 +158,25 @@ std::vector<PhasePlan> Engine::plan_phases(int64_t n_prompt) {
     out.push_back(std::move(p));
   }
   return out;
+}
+
+void Engine::learn_from(const Graph& graph) {
+  const std::vector<ExecutionEvent> events = executor_->telemetry().get_telemetry();
+  if (events_learned_ > events.size()) events_learned_ = 0;  // the telemetry was cleared
+  for (size_t i = events_learned_; i < events.size(); ++i) {
+    const ExecutionEvent& e = events[i];
+    if (e.kind != EventKind::Op || !(e.actual_us > 0.0)) continue;
+    const int b = scheduler_->backend_index(e.backend);
+    if (b == kNoBackend) continue;
+    costs_.model.observe(graph, graph.node(e.node), e.backend,
+                         scheduler_->backends()[size_t(b)]->kind(), e.actual_us);
+  }
+  costs_.model.end_observations();
+  events_learned_ = events.size();
+}
+
+void Engine::save_learned() {
+  if (learn_) save_cost_model(costs_);
 }
 
 void Engine::upload_weights(const Graph& graph, const Placement& placement) {

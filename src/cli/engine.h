@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/calibration.h"
 #include "tandem/executor.h"
 #include "tandem/model/gguf.h"
 #include "tandem/model/llama_config.h"
@@ -37,6 +38,14 @@ struct EngineOptions {
   std::optional<int> n_gpu_layers;
   TimingMode timing = TimingMode::Off;
   bool record_events = true;
+  // Cost profile: another file (--cost-profile), none (--no-calibrate), a quick calibration
+  // when missing (run, bench), and learning from timed ops (TimingMode::PerOp) or from one
+  // step in learn_every, timed per op when the rest are not.
+  std::string cost_profile;
+  bool no_calibrate = false;
+  bool calibrate_if_missing = false;
+  bool learn = false;
+  int learn_every = 0;
 };
 
 // One phase's placement as `plan` shows it: made without running or uploading anything.
@@ -75,11 +84,16 @@ class Engine {
   const Graph* last_graph() const { return last_graph_; }
   // "cuda:0 301 ops, cpu 12 ops; resident: cuda:0 4.21 GiB"
   std::string placement_summary() const;
+  // The cost model the scheduler was built with, refined by every timed op when learning.
+  const LoadedCostModel& costs() const { return costs_; }
+  // Writes what was learned back to the cost profile (no-op without one or without learning).
+  void save_learned();
 
  private:
   const LlamaGraph& graph_for(int64_t n_tokens, bool all_logits);
   void plan_residency(int64_t n_prompt);
   void upload_weights(const Graph& graph, const Placement& placement);
+  void learn_from(const Graph& graph);
 
   gguf::File file_;
   LlamaConfig config_;
@@ -96,6 +110,11 @@ class Engine {
   int64_t n_past_ = 0;
   DType kv_dtype_ = DType::F16;
   std::string strategy_name_;
+  LoadedCostModel costs_;
+  bool learn_ = false;
+  int learn_every_ = 0;
+  int64_t steps_ = 0;
+  size_t events_learned_ = 0;
 };
 
 }  // namespace tandem::cli

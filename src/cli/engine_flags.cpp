@@ -63,6 +63,10 @@ void EngineFlags::add(CLI::App& cmd, bool model_required, bool list_of_ngl) {
   cmd.add_option("--placement", placement,
                  "A placement saved by `tandem tune --save FILE`: its strategy, GPU budget and "
                  "pins (--gpu-mem and -ot given here still apply)");
+  cmd.add_option("--cost-profile", cost_profile,
+                 "Cost profile to use instead of this machine's (written by tandem calibrate)");
+  cmd.add_flag("--no-calibrate", no_calibrate,
+               "Use the built-in device figures: no profile is loaded and none is measured");
 }
 
 EngineOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_index) const {
@@ -86,6 +90,10 @@ EngineOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_in
                        "' is not supported: Tandem's attention is always fused (flash-attention "
                        "style); use on, 1 or auto, or leave the flag out");
   o.strict = strict;
+  o.cost_profile = cost_profile;
+  o.no_calibrate = no_calibrate;
+  TANDEM_CHECK_ARG(!(no_calibrate && !cost_profile.empty()), "--no-calibrate",
+                   "and --cost-profile exclude each other");
   o.kv_dtype = parse_dtype(kv_type, "--kv-type");
   TANDEM_CHECK_ARG(o.kv_dtype == DType::F16 || o.kv_dtype == DType::F32, "--kv-type",
                    "must be f16 or f32 (got " + kv_type + ")");

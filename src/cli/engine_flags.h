@@ -22,6 +22,8 @@ struct EngineFlags {
   int64_t ctx = 0;
   bool strict = false;
   std::string placement;  // --placement FILE (tandem tune --save)
+  std::string cost_profile;
+  bool no_calibrate = false;
   bool ngl_list = false;  // set by add()
 
   // ngl_list: -ngl takes a comma list (bench runs every value).

@@ -1,12 +1,14 @@
 #include "tandem/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "cost_model_json.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -32,8 +34,44 @@ BackendProfile CostModel::default_profile(BackendKind kind) {
     p.memory_bandwidth_gbs = kDefaultGpuBandwidthGbs;
     p.launch_us = kDefaultGpuLaunchUs;
   }
-  p.link = {kDefaultLinkBandwidthGbs, kDefaultLinkLatencyUs};
+  p.link.bandwidth_gbs = kDefaultLinkBandwidthGbs;
+  p.link.latency_us = kDefaultLinkLatencyUs;
   return p;
+}
+
+BackendProfile CostModel::default_profile(std::string_view backend_id, BackendKind kind) {
+  BackendProfile p = default_profile(kind);
+  if (backend_id == kReferenceBackendId) {
+    p.peak_gflops.fill(kDefaultReferenceGflops);
+    p.memory_bandwidth_gbs = kDefaultReferenceBandwidthGbs;
+    p.launch_us = kDefaultReferenceLaunchUs;
+  }
+  return p;
+}
+
+OpKey op_key(const Graph& graph, const Node& node) {
+  OpKey key;
+  key.op = node.op;
+  // The dtype that picks the kernel: a matmul's weight, attention's KV cache, else input 0's.
+  const size_t typed = node.op == OpKind::Attention ? 1 : 0;
+  if (node.inputs.size() > typed) key.dtype = graph.tensor(node.inputs[typed]).dtype;
+  if ((node.op == OpKind::MatMul || node.op == OpKind::QuantizedMatMul) && node.inputs.size() > 1) {
+    const TensorDesc& b = graph.tensor(node.inputs[1]);
+    key.one_token = b.ne[1] * b.ne[2] * b.ne[3] == 1;
+  } else if (node.op == OpKind::Attention && !node.inputs.empty()) {
+    const TensorDesc& q = graph.tensor(node.inputs[0]);
+    key.one_token = q.ne[2] * q.ne[3] == 1;
+  }
+  return key;
+}
+
+std::string op_key_name(const OpKey& key) {
+  std::string name(op_name(key.op));
+  name += " ";
+  name += dtype_name(key.dtype);
+  if (key.op == OpKind::MatMul || key.op == OpKind::QuantizedMatMul || key.op == OpKind::Attention)
+    name += key.one_token ? " vec" : " mat";
+  return name;
 }
 
 void CostModel::set_profile(std::string id_or_kind, const BackendProfile& profile) {
@@ -42,8 +80,11 @@ void CostModel::set_profile(std::string id_or_kind, const BackendProfile& profil
 
 BackendProfile CostModel::profile(std::string_view backend_id, BackendKind kind) const {
   if (auto it = profiles_.find(backend_id); it != profiles_.end()) return it->second;
-  if (auto it = profiles_.find(backend_kind_name(kind)); it != profiles_.end()) return it->second;
-  return default_profile(kind);
+  // The reference backend is a CPU backend, but never as fast as the calibrated one.
+  if (backend_id != kReferenceBackendId) {
+    if (auto it = profiles_.find(backend_kind_name(kind)); it != profiles_.end()) return it->second;
+  }
+  return default_profile(backend_id, kind);
 }
 
 double CostModel::transfer_us(size_t bytes, const LinkProfile& link, int hops) {
@@ -55,12 +96,11 @@ OpCost CostModel::estimate(const Graph& graph, const Node& node, const BackendPr
                            std::span<const uint8_t> input_hops, double weight_runs) {
   OpCost cost;
   if (!is_compute(node.op)) return cost;
-  OpWork w = op_work(graph, node);
-  double gflops = profile.peak_gflops[size_t(w.dtype_class)];
-  double flop_us = gflops > 0 ? w.flops / (gflops * 1e3) : 0.0;
-  double byte_us =
-      profile.memory_bandwidth_gbs > 0 ? w.bytes / (profile.memory_bandwidth_gbs * 1e3) : 0.0;
-  cost.compute_us = std::max(flop_us, byte_us) + profile.launch_us;
+  const OpWork w = op_work(graph, node);
+  const OpKey key = op_key(graph, node);
+  cost.compute_us = calibrated_compute_us(w, key, profile);
+  if (!profile.learned.empty())
+    cost.compute_us *= learned_factor(profile, key, size_bucket(cost.compute_us));
 
   TensorId seen[8];
   size_t n_seen = 0;
@@ -86,6 +126,91 @@ OpCost CostModel::estimate(const Graph& graph, const Node& node, const BackendPr
   return cost;
 }
 
+double CostModel::roofline_us(const OpWork& w, const BackendProfile& profile) {
+  const double gflops = profile.peak_gflops[size_t(w.dtype_class)];
+  const double flop_us = gflops > 0 ? w.flops / (gflops * 1e3) : 0.0;
+  const double byte_us =
+      profile.memory_bandwidth_gbs > 0 ? w.bytes / (profile.memory_bandwidth_gbs * 1e3) : 0.0;
+  return std::max(flop_us, byte_us);
+}
+
+double CostModel::calibrated_compute_us(const OpWork& w, const OpKey& key,
+                                        const BackendProfile& profile) {
+  const double roofline = roofline_us(w, profile);
+  const auto it = profile.op_samples.find(key);
+  if (it == profile.op_samples.end() || it->second.empty() || roofline <= 0.0)
+    return roofline + profile.launch_us;
+  // Efficiency of each sample at its own roofline time, interpolated in log(roofline).
+  const std::vector<OpSample>& samples = it->second;
+  auto point = [&](const OpSample& s) {
+    OpWork sw = w;
+    sw.flops = s.flops;
+    sw.bytes = s.bytes;
+    const double r = std::max(roofline_us(sw, profile), 1e-9);
+    return std::pair{r, std::max(s.us - profile.launch_us, 0.0) / r};
+  };
+  auto [r0, e0] = point(samples.front());
+  double eff = e0;
+  if (roofline > r0) {
+    for (size_t i = 1; i < samples.size(); ++i) {
+      auto [r1, e1] = point(samples[i]);
+      if (roofline <= r1) {
+        const double t = r1 > r0 ? std::log(roofline / r0) / std::log(r1 / r0) : 1.0;
+        eff = e0 + t * (e1 - e0);
+        break;
+      }
+      r0 = r1;
+      e0 = e1;
+      eff = e1;
+    }
+  }
+  return roofline * eff + profile.launch_us;
+}
+
+int CostModel::size_bucket(double compute_us) {
+  return int(std::floor(2.0 * std::log2(std::max(compute_us, 1e-3))));
+}
+
+double median(std::vector<double> values) {
+  TANDEM_CHECK_ARG(!values.empty(), "median", "no values");
+  const size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + long(mid), values.end());
+  double m = values[mid];
+  if (values.size() % 2 == 0) {
+    m = (m + *std::max_element(values.begin(), values.begin() + long(mid))) / 2.0;
+  }
+  return m;
+}
+
+double CostModel::learned_factor(const BackendProfile& profile, const OpKey& key, int bucket) {
+  const auto it = profile.learned.find({key, bucket});
+  if (it == profile.learned.end() || it->second.ratios.size() < kMinLearnedSamples) return 1.0;
+  return median(it->second.ratios);
+}
+
+void CostModel::observe(const Graph& graph, const Node& node, std::string_view backend_id,
+                        BackendKind kind, double actual_us) {
+  if (!is_compute(node.op) || !(actual_us > 0.0)) return;
+  auto it = profiles_.find(backend_id);
+  if (it == profiles_.end()) {
+    it = profiles_.emplace(std::string(backend_id), profile(backend_id, kind)).first;
+  }
+  BackendProfile& p = it->second;
+  const OpKey key = op_key(graph, node);
+  const double base = calibrated_compute_us(op_work(graph, node), key, p);
+  if (!(base > 0.0)) return;
+  pending_[{it->first, {key, size_bucket(base)}}].push_back(actual_us / base);
+}
+
+void CostModel::end_observations() {
+  for (auto& [where, ratios] : pending_) {
+    std::vector<double>& kept = profiles_.at(where.first).learned[where.second].ratios;
+    if (kept.size() >= kLearnedSamples) kept.erase(kept.begin());
+    kept.push_back(median(std::move(ratios)));
+  }
+  pending_.clear();
+}
+
 // ---- JSON ----
 
 namespace {
@@ -102,15 +227,59 @@ double number(const json& j, const char* key, double fallback, const std::string
   return v.get<double>();
 }
 
-BackendProfile parse_profile(const json& j, BackendProfile p, const std::string& where) {
-  if (!j.is_object()) {
-    throw_error(ErrorCode::Format, "cost model json", where + " must be an object");
+const char* const kWhat = "cost model json";
+
+[[noreturn]] void bad(const std::string& message) {
+  throw_error(ErrorCode::Format, kWhat, message);
+}
+
+const json& object_at(const json& j, const char* key, const std::string& where) {
+  const json& v = j.at(key);
+  if (!v.is_object()) bad(where + "." + key + " must be an object");
+  return v;
+}
+
+OpKey parse_op_key(const json& j, const std::string& where) {
+  if (!j.is_object() || !j.contains("op") || !j.at("op").is_string() || !j.contains("dtype") ||
+      !j.at("dtype").is_string()) {
+    bad(where + " must be an object with \"op\" and \"dtype\" names");
   }
+  OpKey key;
+  const auto op = op_from_name(j.at("op").get<std::string>());
+  if (!op) bad(where + ".op: unknown op '" + j.at("op").get<std::string>() + "'");
+  const auto dtype = dtype_from_name(j.at("dtype").get<std::string>());
+  if (!dtype) bad(where + ".dtype: unknown dtype '" + j.at("dtype").get<std::string>() + "'");
+  key.op = *op;
+  key.dtype = *dtype;
+  key.one_token = j.value("one_token", false);
+  return key;
+}
+
+json op_key_json(const OpKey& key) {
+  return {{"op", std::string(op_name(key.op))},
+          {"dtype", std::string(dtype_name(key.dtype))},
+          {"one_token", key.one_token}};
+}
+
+std::vector<double> numbers(const json& j, const std::string& where) {
+  if (!j.is_array()) bad(where + " must be an array of numbers");
+  std::vector<double> out;
+  for (const json& v : j) {
+    if (!v.is_number() || !(v.get<double>() >= 0.0) || !std::isfinite(v.get<double>()))
+      bad(where + " must hold numbers >= 0 (got " + v.dump() + ")");
+    out.push_back(v.get<double>());
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace detail {
+
+BackendProfile profile_from_json(const json& j, BackendProfile p, const std::string& where) {
+  if (!j.is_object()) bad(where + " must be an object");
   if (j.contains("peak_gflops")) {
-    const json& g = j.at("peak_gflops");
-    if (!g.is_object()) {
-      throw_error(ErrorCode::Format, "cost model json", where + ".peak_gflops must be an object");
-    }
+    const json& g = object_at(j, "peak_gflops", where);
     for (int c = 0; c < kDTypeClassCount; ++c) {
       std::string key(dtype_class_name(DTypeClass(c)));
       p.peak_gflops[size_t(c)] =
@@ -120,31 +289,102 @@ BackendProfile parse_profile(const json& j, BackendProfile p, const std::string&
   p.memory_bandwidth_gbs = number(j, "memory_bandwidth_gbs", p.memory_bandwidth_gbs, where);
   p.launch_us = number(j, "launch_us", p.launch_us, where);
   if (j.contains("link")) {
-    const json& l = j.at("link");
-    if (!l.is_object()) {
-      throw_error(ErrorCode::Format, "cost model json", where + ".link must be an object");
-    }
-    p.link.bandwidth_gbs = number(l, "bandwidth_gbs", p.link.bandwidth_gbs, where + ".link");
-    p.link.latency_us = number(l, "latency_us", p.link.latency_us, where + ".link");
+    const json& l = object_at(j, "link", where);
+    const std::string lw = where + ".link";
+    LinkProfile& k = p.link;
+    k.bandwidth_gbs = number(l, "bandwidth_gbs", k.bandwidth_gbs, lw);
+    k.latency_us = number(l, "latency_us", k.latency_us, lw);
+    k.to_host_bandwidth_gbs = number(l, "to_host_bandwidth_gbs", k.to_host_bandwidth_gbs, lw);
+    k.to_host_latency_us = number(l, "to_host_latency_us", k.to_host_latency_us, lw);
+    k.pinned_bandwidth_gbs = number(l, "pinned_bandwidth_gbs", k.pinned_bandwidth_gbs, lw);
+    k.pinned_latency_us = number(l, "pinned_latency_us", k.pinned_latency_us, lw);
   }
   if (p.memory_bandwidth_gbs <= 0 || p.link.bandwidth_gbs <= 0) {
-    throw_error(ErrorCode::Format, "cost model json", where + " bandwidths must be > 0");
+    bad(where + " bandwidths must be > 0");
+  }
+  if (j.contains("calibrated")) {
+    if (!j.at("calibrated").is_boolean()) bad(where + ".calibrated must be true or false");
+    p.calibrated = j.at("calibrated").get<bool>();
+  }
+  if (j.contains("op_samples")) {
+    const json& ops = j.at("op_samples");
+    if (!ops.is_array()) bad(where + ".op_samples must be an array");
+    p.op_samples.clear();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const std::string w = where + ".op_samples[" + std::to_string(i) + "]";
+      const OpKey key = parse_op_key(ops[i], w);
+      if (!ops[i].contains("samples") || !ops[i].at("samples").is_array())
+        bad(w + ".samples must be an array of [flops, bytes, us]");
+      std::vector<OpSample>& samples = p.op_samples[key];
+      for (const json& s : ops[i].at("samples")) {
+        std::vector<double> v = numbers(s, w + ".samples[]");
+        if (v.size() != 3 || !(v[2] > 0.0)) bad(w + ".samples[] must be [flops, bytes, us > 0]");
+        samples.push_back({v[0], v[1], v[2]});
+      }
+      std::sort(samples.begin(), samples.end(), [](const OpSample& a, const OpSample& b) {
+        return a.flops + a.bytes < b.flops + b.bytes;
+      });
+    }
+  }
+  if (j.contains("learned")) {
+    const json& learned = j.at("learned");
+    if (!learned.is_array()) bad(where + ".learned must be an array");
+    p.learned.clear();
+    for (size_t i = 0; i < learned.size(); ++i) {
+      const std::string w = where + ".learned[" + std::to_string(i) + "]";
+      const OpKey key = parse_op_key(learned[i], w);
+      if (!learned[i].contains("bucket") || !learned[i].at("bucket").is_number_integer())
+        bad(w + ".bucket must be an integer");
+      if (!learned[i].contains("ratios")) bad(w + ".ratios is missing");
+      std::vector<double> r = numbers(learned[i].at("ratios"), w + ".ratios");
+      if (r.size() > kLearnedSamples) r.erase(r.begin(), r.end() - long(kLearnedSamples));
+      p.learned[{key, learned[i].at("bucket").get<int>()}].ratios = std::move(r);
+    }
   }
   return p;
 }
 
-json profile_json(const BackendProfile& p) {
+json profile_to_json(const BackendProfile& p) {
   json g = json::object();
   for (int c = 0; c < kDTypeClassCount; ++c) {
     g[std::string(dtype_class_name(DTypeClass(c)))] = p.peak_gflops[size_t(c)];
   }
-  return {{"peak_gflops", g},
-          {"memory_bandwidth_gbs", p.memory_bandwidth_gbs},
-          {"launch_us", p.launch_us},
-          {"link", {{"bandwidth_gbs", p.link.bandwidth_gbs}, {"latency_us", p.link.latency_us}}}};
+  const LinkProfile& k = p.link;
+  json j = {{"peak_gflops", g},
+            {"memory_bandwidth_gbs", p.memory_bandwidth_gbs},
+            {"launch_us", p.launch_us},
+            {"link",
+             {{"bandwidth_gbs", k.bandwidth_gbs},
+              {"latency_us", k.latency_us},
+              {"to_host_bandwidth_gbs", k.to_host_bandwidth_gbs},
+              {"to_host_latency_us", k.to_host_latency_us},
+              {"pinned_bandwidth_gbs", k.pinned_bandwidth_gbs},
+              {"pinned_latency_us", k.pinned_latency_us}}},
+            {"calibrated", p.calibrated}};
+  if (!p.op_samples.empty()) {
+    json ops = json::array();
+    for (const auto& [key, samples] : p.op_samples) {
+      json e = op_key_json(key);
+      e["samples"] = json::array();
+      for (const OpSample& s : samples) e["samples"].push_back({s.flops, s.bytes, s.us});
+      ops.push_back(std::move(e));
+    }
+    j["op_samples"] = std::move(ops);
+  }
+  if (!p.learned.empty()) {
+    json learned = json::array();
+    for (const auto& [kb, times] : p.learned) {
+      json e = op_key_json(kb.first);
+      e["bucket"] = kb.second;
+      e["ratios"] = times.ratios;
+      learned.push_back(std::move(e));
+    }
+    j["learned"] = std::move(learned);
+  }
+  return j;
 }
 
-}  // namespace
+}  // namespace detail
 
 void CostModel::load_json(std::string_view text) {
   json j = json::parse(text.begin(), text.end(), nullptr, false);
@@ -162,7 +402,7 @@ void CostModel::load_json(std::string_view text) {
       gpu = value.at("kind").get<std::string>() == "gpu";
     }
     BackendProfile base = profile(key, gpu ? BackendKind::Gpu : BackendKind::Cpu);
-    parsed[key] = parse_profile(value, base, "profiles." + key);
+    parsed[key] = detail::profile_from_json(value, base, "profiles." + key);
   }
   for (auto& [key, p] : parsed) profiles_[key] = p;
 }
@@ -177,9 +417,9 @@ void CostModel::load_json_file(const std::string& path) {
 
 std::string CostModel::to_json() const {
   json profiles = json::object();
-  profiles["cpu"] = profile_json(profile("cpu", BackendKind::Cpu));
-  profiles["gpu"] = profile_json(profile("gpu", BackendKind::Gpu));
-  for (const auto& [key, p] : profiles_) profiles[key] = profile_json(p);
+  profiles["cpu"] = detail::profile_to_json(profile("cpu", BackendKind::Cpu));
+  profiles["gpu"] = detail::profile_to_json(profile("gpu", BackendKind::Gpu));
+  for (const auto& [key, p] : profiles_) profiles[key] = detail::profile_to_json(p);
   return json{{"profiles", profiles}}.dump(2);
 }
 

@@ -3,6 +3,9 @@
 // what to do and prints nothing to stdout.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "cli_harness.h"
@@ -124,6 +127,55 @@ TEST(Flags, StrictWithoutAGpuSaysWhatToDoAndPrintsNothing) {
   }
   Result ok = tandem("run -m " + m + " -p hello -n 2 --strict --strategy cpu");
   EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Flags, CalibrateWritesAProfileThatRunLoadsAndBadOnesAreRefused) {
+  const std::string& m = tiny_model();
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tandem-flags-calib-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string profile = (dir / "p.json").string();
+  Result cal = tandem("calibrate --quick -t 1 -o " + profile);
+  ASSERT_EQ(cal.code, 0) << cal.err;
+  EXPECT_NE(cal.out.find("cost profile written to " + profile), std::string::npos) << cal.out;
+  // The profile is used as it is: nothing measured, nothing refused.
+  Result ok = tandem("run -m " + m + " -p hi -n 2 -t 1 --strategy cpu --cost-profile " + profile);
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(ok.err.find("calibrating"), std::string::npos) << ok.err;
+  EXPECT_EQ(ok.err.find("warning"), std::string::npos) << ok.err;
+  // Another thread count is another device: refused, and the run goes on on built-in figures.
+  Result foreign =
+      tandem("run -m " + m + " -p hi -n 2 -t 2 --strategy cpu --cost-profile " + profile);
+  ASSERT_EQ(foreign.code, 0) << foreign.err;
+  EXPECT_NE(foreign.err.find(profile + ": made for another device"), std::string::npos)
+      << foreign.err;
+  // Corrupt.
+  const std::string corrupt = (dir / "corrupt.json").string();
+  std::ofstream(corrupt) << "{\"format\": \"tandem-cost";
+  Result bad = tandem("run -m " + m + " -p hi -n 2 -t 1 --strategy cpu --cost-profile " + corrupt);
+  ASSERT_EQ(bad.code, 0) << bad.err;
+  EXPECT_NE(bad.err.find(corrupt + ": not valid JSON"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("built-in"), std::string::npos) << bad.err;
+  // --no-calibrate warns.
+  Result none = tandem("run -m " + m + " -p hi -n 2 -t 1 --strategy cpu --no-calibrate");
+  ASSERT_EQ(none.code, 0) << none.err;
+  EXPECT_NE(none.err.find("--no-calibrate"), std::string::npos) << none.err;
+  // --stats prints the estimate report.
+  Result stats =
+      tandem("run -m " + m + " -p hi -n 2 -t 1 --strategy cpu --stats --cost-profile " + profile);
+  ASSERT_EQ(stats.code, 0) << stats.err;
+  EXPECT_NE(stats.err.find("estimate vs actual: median |error|"), std::string::npos) << stats.err;
+  // So does a run that times one step in two.
+  Result sampled = tandem("run -m " + m + " -p hi -n 4 -t 1 --strategy cpu --learn-every 2 " +
+                          "--cost-profile " + profile);
+  ASSERT_EQ(sampled.code, 0) << sampled.err;
+  EXPECT_NE(sampled.err.find("estimate vs actual: median |error|"), std::string::npos)
+      << sampled.err;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -71,6 +71,8 @@ CpuBackend::CpuBackend(int threads, std::optional<Isa> isa)
       rows_(kernel_table()) {
   features_ = feature_names(cpu_features());
   features_.push_back("kernels_" + std::string(isa_name(kernels_->isa)));
+  // Part of the device's identity for calibrated cost profiles: speed depends on it.
+  features_.push_back("threads_" + std::to_string(pool_.size()));
   amx_ = kernels_->isa == best_isa() && amx::amx_usable();
 }
 

@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Per-op estimate error from a trace written by `tandem run --stats --trace FILE`.
+
+Prints the median |estimated - actual| / actual over every timed op; the noise floor (the same
+with each op estimated by the median time of its own op and shape in this very trace: no model
+does better on this run); then per op name and phase (decode: one-token ops; prefill: the
+rest), worst first.
+usage: estimate_error.py TRACE.json [--by-shape]
+"""
+import json
+import signal
+import statistics
+import sys
+from collections import defaultdict
+
+
+def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    by_shape = "--by-shape" in sys.argv
+    with open(sys.argv[1]) as f:
+        events = json.load(f)["traceEvents"]
+    errors = []
+    groups = defaultdict(list)
+    by_op_shape = defaultdict(list)
+    for e in events:
+        args = e.get("args", {})
+        if e.get("cat") != "op" or not args.get("timed") or e["dur"] <= 0:
+            continue
+        err = abs(args["estimated_us"] - e["dur"]) / e["dur"]
+        errors.append(err)
+        shape = args.get("shape", [])
+        by_op_shape[(e["name"], str(shape))].append(e["dur"])
+        # Tokens are the last dim of rope's and attention's outputs, the second of the others';
+        # kv_write's output is the whole cache.
+        tokens = shape[-1] if e["name"] in ("rope", "attention") else shape[1] if len(shape) > 1 else 1
+        phase = "any" if e["name"] == "kv_write" else "decode" if tokens == 1 else "prefill"
+        key = (e["name"], phase, str(shape) if by_shape else "")
+        groups[key].append((err, args["estimated_us"], e["dur"]))
+    if not errors:
+        sys.exit("no timed ops in the trace (run with --stats and --trace)")
+    print(f"median |error| {100 * statistics.median(errors):.1f}% over {len(errors)} timed ops")
+    medians = {k: statistics.median(v) for k, v in by_op_shape.items()}
+    floor = [abs(medians[k] - d) / d for k, v in by_op_shape.items() for d in v]
+    print(f"noise floor: {100 * statistics.median(floor):.1f}% (each op estimated by the median of "
+          "its op and shape in this trace)")
+    rows = []
+    for (name, phase, shape), v in groups.items():
+        rows.append((statistics.median(x[0] for x in v), name, phase, shape, len(v),
+                     statistics.median(x[1] for x in v), statistics.median(x[2] for x in v)))
+    print(f"{'op':<18} {'phase':<8} {'ops':>5} {'med est us':>11} {'med act us':>11} {'med|err|':>9}")
+    for err, name, phase, shape, n, est, act in sorted(rows, reverse=True):
+        print(f"{name:<18} {phase:<8} {n:>5} {est:>11.1f} {act:>11.1f} {100 * err:>8.1f}% {shape}")
+
+
+if __name__ == "__main__":
+    main()

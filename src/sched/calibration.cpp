@@ -1,0 +1,779 @@
+#include "tandem/calibration.h"
+
+#include <unistd.h>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cost_model_json.h"
+#include "tandem/error.h"
+#include "tandem/hash.h"
+
+namespace tandem {
+
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr int kFormatVersion = 1;
+constexpr const char* kFormatName = "tandem-cost-profile";
+
+std::string trim(std::string s) {
+  const auto not_space = [](unsigned char c) { return !std::isspace(c); };
+  s.erase(s.begin(), std::find_if(s.begin(), s.end(), not_space));
+  s.erase(std::find_if(s.rbegin(), s.rend(), not_space).base(), s.end());
+  return s;
+}
+
+// The value after "key:" on the first line of `path` that starts with `key`, or "".
+std::string field_of(const std::string& path, std::string_view key) {
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind(key, 0) != 0) continue;
+    const auto colon = line.find(':');
+    if (colon != std::string::npos) return trim(line.substr(colon + 1));
+  }
+  return "";
+}
+
+std::string host_cpu_model() {
+  std::string model = field_of("/proc/cpuinfo", "model name");
+  return model.empty() ? "unknown cpu" : model;
+}
+
+// "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  ..." -> "550.54.15".
+std::string nvidia_driver_version() {
+  std::ifstream f("/proc/driver/nvidia/version");
+  std::string line;
+  if (!std::getline(f, line)) return "";
+  std::istringstream words(line);
+  std::string w, found;
+  while (words >> w) {
+    if (!w.empty() && std::isdigit(static_cast<unsigned char>(w[0])) &&
+        w.find('.') != std::string::npos) {
+      found = w;
+      break;
+    }
+  }
+  return found;
+}
+
+// The model of the index-th GPU the driver lists (by PCI address), or "".
+std::string nvidia_gpu_model(int index) {
+  std::error_code ec;
+  std::vector<std::string> dirs;
+  for (const auto& e : fs::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
+    dirs.push_back(e.path().string());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  if (index < 0 || size_t(index) >= dirs.size()) return "";
+  return field_of(dirs[size_t(index)] + "/information", "Model");
+}
+
+}  // namespace
+
+// ---- device keys ----
+
+std::string DeviceKey::describe() const {
+  std::string s = backend + " on " + (device.empty() ? host_cpu : device + ", host " + host_cpu);
+  if (!driver.empty()) s += ", driver " + driver;
+  return s + " (" + features + ")";
+}
+
+DeviceKey device_key(const Backend& backend) {
+  DeviceKey key;
+  key.backend = backend.backend_id();
+  key.kind = std::string(backend_kind_name(backend.kind()));
+  key.host_cpu = host_cpu_model();
+  std::vector<std::string> features = backend.features();
+  std::sort(features.begin(), features.end());
+  for (const auto& f : features) key.features += (key.features.empty() ? "" : ",") + f;
+  if (backend.kind() == BackendKind::Gpu) {
+    key.driver = nvidia_driver_version();
+    const auto colon = key.backend.find(':');
+    const int index = colon == std::string::npos ? 0 : std::atoi(key.backend.c_str() + colon + 1);
+    const std::string model = nvidia_gpu_model(index);
+    const double gib = double(backend.memory().total_bytes) / double(size_t(1) << 30);
+    char memory[32];
+    std::snprintf(memory, sizeof memory, "%.0f GiB", gib);
+    key.device = (model.empty() ? std::string("gpu") : model) + " " + memory;
+  }
+  return key;
+}
+
+// ---- fitting ----
+
+LinkFit fit_link(std::span<const std::pair<double, double>> bytes_us) {
+  const double n = double(bytes_us.size());
+  double sx = 0, sy = 0;
+  for (const auto& [x, y] : bytes_us) {
+    sx += x;
+    sy += y;
+  }
+  const double mx = sx / std::max(n, 1.0), my = sy / std::max(n, 1.0);
+  double sxx = 0, sxy = 0;
+  for (const auto& [x, y] : bytes_us) {
+    sxx += (x - mx) * (x - mx);
+    sxy += (x - mx) * (y - my);
+  }
+  TANDEM_CHECK_ARG(bytes_us.size() >= 2 && sxx > 0, "fit_link", "needs two distinct sizes");
+  // A slope at or below zero (noise) means the link is faster than we can see: bound it by
+  // the largest transfer alone.
+  double slope = sxy / sxx;  // us per byte
+  if (!(slope > 0)) {
+    const auto& big = *std::max_element(bytes_us.begin(), bytes_us.end());
+    slope = big.second / big.first;
+  }
+  LinkFit fit;
+  fit.bandwidth_gbs = 1.0 / (slope * 1e3);
+  fit.latency_us = std::max(0.0, my - slope * mx);
+  return fit;
+}
+
+namespace {
+
+// Time beyond the launch cost, never below a twentieth of the whole (noise on tiny ops).
+double work_us(const OpSample& s, double launch_us) {
+  return std::max(s.us - launch_us, 0.05 * s.us);
+}
+
+// Larger than the last-level caches of the machines we run on.
+constexpr double kStreamingBytes = 16e6;
+
+bool is_matmul(OpKind op) {
+  return op == OpKind::MatMul || op == OpKind::QuantizedMatMul;
+}
+
+}  // namespace
+
+void fit_base_figures(BackendProfile& p) {
+  std::array<double, kDTypeClassCount> best_gflops{};
+  // Bandwidth from samples larger than any cache where there are some.
+  double best_gbs = 0.0, best_streaming_gbs = 0.0;
+  for (const auto& [key, samples] : p.op_samples) {
+    for (const OpSample& s : samples) {
+      const double us = work_us(s, p.launch_us);
+      // Compute peaks from matrix products over many tokens; bandwidth from everything that
+      // streams memory (one-token products and the elementwise ops).
+      if (is_matmul(key.op) && !key.one_token) {
+        double& g = best_gflops[size_t(dtype_class(key.dtype))];
+        g = std::max(g, s.flops / (us * 1e3));
+      } else if (key.op != OpKind::Attention) {
+        best_gbs = std::max(best_gbs, s.bytes / (us * 1e3));
+        if (s.bytes >= kStreamingBytes)
+          best_streaming_gbs = std::max(best_streaming_gbs, s.bytes / (us * 1e3));
+      }
+    }
+  }
+  for (int c = 0; c < kDTypeClassCount; ++c) {
+    if (best_gflops[size_t(c)] > 0) p.peak_gflops[size_t(c)] = best_gflops[size_t(c)];
+  }
+  if (best_streaming_gbs > 0) best_gbs = best_streaming_gbs;
+  if (best_gbs > 0) p.memory_bandwidth_gbs = best_gbs;
+}
+
+// ---- measurement ----
+
+namespace {
+
+struct Budget {
+  int reps;             // timed runs per shape (after one warm-up)
+  int tiny_reps;        // for the launch-cost op
+  double max_point_us;  // stop repeating a shape once its runs took this long (at least 3)
+};
+constexpr Budget kQuickBudget{5, 31, 60e3};
+constexpr Budget kFullBudget{11, 101, 600e3};
+
+// Host data for one tensor: random values in [-1, 1] (converted to its dtype), written one row
+// and then repeated, so a large weight costs one conversion; positions count up to `pos_end`
+// and row ids stay inside the table.
+std::vector<uint8_t> host_data(const TensorDesc& t, int64_t pos_end, int64_t id_limit,
+                               SplitMix64& rng) {
+  std::vector<uint8_t> out(t.bytes());
+  if (t.dtype == DType::I32) {
+    auto* v = reinterpret_cast<int32_t*>(out.data());
+    const int64_t n = t.elements();
+    for (int64_t i = 0; i < n; ++i) {
+      v[i] = id_limit > 0 ? int32_t(rng.next() % uint64_t(id_limit)) : int32_t(pos_end - n + i);
+    }
+    return out;
+  }
+  const int64_t row = t.ne[0];
+  std::vector<float> values(static_cast<size_t>(row));
+  for (float& v : values) v = float(double(rng.next() >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+  const size_t rb = row_bytes(t.dtype, row);
+  from_f32(t.dtype, values.data(), out.data(), row);
+  for (size_t off = rb; off + rb <= out.size(); off += rb) std::memcpy(&out[off], out.data(), rb);
+  return out;
+}
+
+// In a model's graph an op's inputs were mostly written or streamed long enough before that the
+// caches no longer hold them (each matmul streams megabytes of weights through them); timed
+// back to back on the same buffers, a small op would run from L1 and a weight that fits the
+// last-level cache from there. So on host memory every buffer is flushed to DRAM before each run.
+
+void flush_from_caches(const void* data, size_t bytes) {
+#if defined(__x86_64__) || defined(__i386__)
+  constexpr size_t kLine = 64;
+  const auto* p = static_cast<const char*>(data);
+  for (size_t off = 0; off < bytes; off += kLine) __builtin_ia32_clflush(p + off);
+  __builtin_ia32_mfence();
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
+class Calibrator {
+ public:
+  Calibrator(Backend& backend, const CalibrationOptions& options)
+      : b_(backend), options_(options), budget_(options.quick ? kQuickBudget : kFullBudget) {}
+
+  BackendProfile run() {
+    profile_ = CostModel::default_profile(b_.backend_id(), b_.kind());
+    profile_.op_samples.clear();
+    profile_.learned.clear();
+    measure_launch();
+    measure_matmuls();
+    measure_attention();
+    measure_elementwise();
+    if (b_.kind() == BackendKind::Gpu) measure_link();
+    fit_base_figures(profile_);
+    profile_.calibrated = true;
+    return profile_;
+  }
+
+ private:
+  void say(const std::string& line) {
+    if (options_.progress) options_.progress(line);
+  }
+
+  // Median time of `node` alone; false when the backend cannot run it or runs out of memory.
+  bool time_node(const Graph& g, TensorId node_id, int reps, int64_t pos_end, int64_t id_limit,
+                 double& median_us) {
+    const Node& node = g.node(node_id);
+    if (!b_.can_execute(g, node)) return false;
+    std::map<TensorId, Buffer> buffers;
+    try {
+      for (size_t i = 0; i < node.inputs.size(); ++i) {
+        const TensorId in = node.inputs[i];
+        if (buffers.count(in)) continue;
+        const TensorDesc& t = g.tensor(in);
+        // Only a get_rows' row ids index a table; other I32 inputs are positions.
+        const int64_t limit = node.op == OpKind::GetRows && i == 1 ? id_limit : 0;
+        std::vector<uint8_t> data = host_data(t, pos_end, limit, rng_);
+        buffers[in] = b_.allocate(data.size());
+        b_.copy_from_host(buffers[in].data(), data.data(), data.size());
+      }
+      const bool aliases = op_descriptor(node.op).aliases_output;
+      if (!aliases) buffers[node_id] = b_.allocate(std::max<size_t>(g.tensor(node_id).bytes(), 1));
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::OutOfMemory) throw;
+      return false;
+    }
+    const TensorId out_storage = g.storage_of(node_id);
+    NodeExecution exec = execution_of(
+        g, node, [&](TensorId id) { return buffers.at(id == node_id ? out_storage : id).data(); });
+    b_.synchronize();
+    b_.execute(g, exec);  // warm-up: lazily built kernels, page faults
+    b_.synchronize();
+    std::vector<double> times;
+    double spent = 0.0;
+    for (int r = 0; r < reps && (r < 3 || spent < budget_.max_point_us); ++r) {
+      if (b_.host_accessible()) {
+        for (const auto& [id, buffer] : buffers) flush_from_caches(buffer.data(), buffer.bytes());
+      }
+      b_.timer_start();
+      b_.execute(g, exec);
+      times.push_back(b_.timer_stop_us());
+      spent += times.back();
+    }
+    median_us = median(times);
+    return true;
+  }
+
+  void record(const Graph& g, TensorId node_id, int64_t pos_end = 0, int64_t id_limit = 0) {
+    double us = 0.0;
+    if (!time_node(g, node_id, budget_.reps, pos_end, id_limit, us)) return;
+    const Node& node = g.node(node_id);
+    const OpWork w = op_work(g, node);
+    std::vector<OpSample>& samples = profile_.op_samples[op_key(g, node)];
+    samples.push_back({w.flops, w.bytes, std::max(us, 1e-3)});
+    std::sort(samples.begin(), samples.end(), [](const OpSample& a, const OpSample& b) {
+      return a.flops + a.bytes < b.flops + b.bytes;
+    });
+  }
+
+  void measure_launch() {
+    Graph g;
+    TensorId a = g.input("a", DType::F32, {16});
+    TensorId c = g.add(a, g.input("b", DType::F32, {16}));
+    double us = 0.0;
+    if (time_node(g, c, budget_.tiny_reps, 0, 0, us)) profile_.launch_us = us;
+    say("launch " + std::to_string(profile_.launch_us) + " us");
+  }
+
+  void measure_matmuls() {
+    // Weight shapes (n_in, n_out) spanning LLaMA 1B to 8B projections, one token and many.
+    struct Shape {
+      int64_t k, m, tokens;
+    };
+    std::vector<Shape> shapes;
+    if (options_.quick) {
+      shapes = {
+          {1024, 1024, 1}, {2048, 8192, 1}, {4096, 14336, 1}, {1024, 1024, 32}, {2048, 2048, 128}};
+    } else {
+      shapes = {{1024, 1024, 1},  {2048, 2048, 1},   {4096, 4096, 1},
+                {2048, 8192, 1},  {4096, 14336, 1},  {1024, 1024, 16},
+                {2048, 2048, 64}, {4096, 4096, 128}, {2048, 8192, 512}};
+    }
+    for (DType dt : {DType::Q4_0, DType::Q8_0, DType::F16, DType::BF16, DType::F32}) {
+      for (const Shape& s : shapes) {
+        // Full-precision weights at the largest shapes cost more to set up than they teach.
+        if (options_.quick && s.k * s.m > 4096 * 4096 && row_bytes(dt, 32) > 34) continue;
+        Graph g;
+        TensorId w = g.weight("w", dt, {s.k, s.m});
+        TensorId x = g.input("x", DType::F32, {s.k, s.tokens});
+        record(g, g.matmul(w, x));
+      }
+      say("matmul " + std::string(dtype_name(dt)));
+    }
+  }
+
+  void measure_attention() {
+    struct Shape {
+      int64_t head_dim, cache, tokens;
+    };
+    std::vector<Shape> shapes =
+        options_.quick ? std::vector<Shape>{{64, 256, 1}, {128, 2048, 1}, {64, 128, 32}}
+                       : std::vector<Shape>{{64, 256, 1},   {128, 512, 1}, {64, 2048, 1},
+                                            {128, 4096, 1}, {64, 128, 32}, {128, 512, 128}};
+    constexpr int64_t kHeads = 32, kKvHeads = 8;
+    for (DType kv : {DType::F16, DType::F32}) {
+      for (const Shape& s : shapes) {
+        Graph g;
+        TensorId q = g.input("q", DType::F32, {s.head_dim, kHeads, s.tokens});
+        TensorId kc = g.kv_cache("k", kv, {s.head_dim, kKvHeads, s.cache});
+        TensorId vc = g.kv_cache("v", kv, {s.head_dim, kKvHeads, s.cache});
+        TensorId pos = g.input("pos", DType::I32, {s.tokens});
+        // Positions at the end of the cache: every key is read, as the estimate assumes.
+        record(g, g.attention(q, kc, vc, pos, 1.0f / std::sqrt(float(s.head_dim))), s.cache);
+      }
+    }
+    say("attention");
+  }
+
+  void measure_elementwise() {
+    // Row length x rows: one decode token of a 1B/8B model up to a prefill batch.
+    struct Shape {
+      int64_t n, rows;
+    };
+    std::vector<Shape> shapes = options_.quick
+                                    ? std::vector<Shape>{{2048, 1}, {14336, 1}, {4096, 64}}
+                                    : std::vector<Shape>{{2048, 1},  {4096, 1},   {14336, 1},
+                                                         {2048, 32}, {4096, 128}, {8192, 512}};
+    constexpr int64_t kRopePosition = 1000;
+    for (const Shape& s : shapes) {
+      auto f32 = [&](Graph& g, const char* name) {
+        return g.input(name, DType::F32, {s.n, s.rows});
+      };
+      {
+        Graph g;
+        record(g, g.add(f32(g, "a"), f32(g, "b")));
+      }
+      {
+        Graph g;
+        record(g, g.mul(f32(g, "a"), f32(g, "b")));
+      }
+      {
+        Graph g;
+        record(g, g.swiglu(f32(g, "a"), f32(g, "b")));
+      }
+      {
+        Graph g;
+        record(g, g.silu(f32(g, "a")));
+      }
+      {
+        Graph g;
+        record(g, g.scale(f32(g, "a"), 0.5f));
+      }
+      {
+        Graph g;
+        record(g, g.softmax(f32(g, "a")));
+      }
+      {
+        Graph g;
+        record(g, g.rms_norm(f32(g, "a"), g.weight("w", DType::F32, {s.n}), 1e-5f));
+      }
+      {
+        Graph g;
+        record(g, g.copy(f32(g, "a"), DType::F16));
+      }
+      const int64_t head_dim = s.n >= 4096 ? 128 : 64;
+      {
+        Graph g;
+        TensorId x = g.input("x", DType::F32, {head_dim, s.n / head_dim, s.rows});
+        TensorId pos = g.input("pos", DType::I32, {s.rows});
+        // Positions away from 0, where sin and cos take their general path.
+        record(g, g.rope(x, pos, int32_t(head_dim), 500000.0f), kRopePosition + s.rows);
+      }
+      for (DType kv : {DType::F16, DType::F32}) {
+        Graph g;
+        const int64_t cache = std::max<int64_t>(256, s.rows);
+        TensorId c = g.kv_cache("k", kv, {head_dim, s.n / head_dim, cache});
+        TensorId src = g.input("src", DType::F32, {head_dim, s.n / head_dim, s.rows});
+        TensorId pos = g.input("pos", DType::I32, {s.rows});
+        record(g, g.kv_write(c, src, pos), cache);
+      }
+      for (DType dt : {DType::Q4_0, DType::Q8_0, DType::F16, DType::BF16, DType::F32}) {
+        Graph g;
+        constexpr int64_t kTableRows = 256;
+        TensorId table = g.weight("table", dt, {s.n, kTableRows});
+        TensorId ids = g.input("ids", DType::I32, {s.rows});
+        record(g, g.get_rows(table, ids), 0, kTableRows);
+      }
+    }
+    say("elementwise");
+  }
+
+  // Host clock around the copy and a synchronize: the copy may run on another queue than the
+  // one the backend's timer marks.
+  template <typename Copy>
+  double time_copy(Copy&& copy) {
+    std::vector<double> times;
+    copy();
+    b_.synchronize();
+    for (int r = 0; r < budget_.reps; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      copy();
+      b_.synchronize();
+      times.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return median(times);
+  }
+
+  void measure_link() {
+    std::vector<size_t> sizes{size_t(64) << 10, size_t(1) << 20, size_t(16) << 20};
+    if (!options_.quick) sizes.push_back(size_t(128) << 20);
+    std::vector<uint8_t> host(sizes.back(), 1);
+    Buffer device = b_.allocate(sizes.back());
+    std::vector<std::pair<double, double>> to_device, to_host, pinned;
+    for (size_t n : sizes) {
+      to_device.push_back(
+          {double(n), time_copy([&] { b_.copy_from_host(device.data(), host.data(), n); })});
+      to_host.push_back(
+          {double(n), time_copy([&] { b_.copy_to_host(host.data(), device.data(), n); })});
+    }
+    // A device may keep a page-locked copy of exactly the bytes it was given: one per size,
+    // prepared before its copies are timed.
+    for (size_t n : sizes) {
+      if (!b_.prepare_stream_source(host.data(), n)) {
+        pinned.clear();
+        break;
+      }
+      pinned.push_back({double(n), time_copy([&] {
+                          b_.stream_from_host(device.data(), host.data(), n, 0);
+                          b_.wait_stream_event(0);
+                        })});
+    }
+    b_.release_stream_source(host.data());
+    LinkProfile& link = profile_.link;
+    const LinkFit d = fit_link(to_device), h = fit_link(to_host);
+    link.bandwidth_gbs = d.bandwidth_gbs;
+    link.latency_us = d.latency_us;
+    link.to_host_bandwidth_gbs = h.bandwidth_gbs;
+    link.to_host_latency_us = h.latency_us;
+    if (!pinned.empty()) {
+      const LinkFit p = fit_link(pinned);
+      link.pinned_bandwidth_gbs = p.bandwidth_gbs;
+      link.pinned_latency_us = p.latency_us;
+    }
+    say("link");
+  }
+
+  Backend& b_;
+  const CalibrationOptions& options_;
+  Budget budget_;
+  BackendProfile profile_;
+  SplitMix64 rng_{0x5EED};
+};
+
+}  // namespace
+
+BackendProfile calibrate_backend(Backend& backend, const CalibrationOptions& options) {
+  return Calibrator(backend, options).run();
+}
+
+// ---- cost-profile files ----
+
+namespace {
+
+[[noreturn]] void refuse(const std::string& source, const std::string& why) {
+  throw_error(ErrorCode::Format, "cost profile", source + ": " + why);
+}
+
+json key_json(const DeviceKey& k) {
+  return {{"backend", k.backend}, {"kind", k.kind},     {"host_cpu", k.host_cpu},
+          {"device", k.device},   {"driver", k.driver}, {"features", k.features}};
+}
+
+DeviceKey key_from_json(const json& j, const std::string& source) {
+  DeviceKey k;
+  const std::pair<const char*, std::string*> fields[] = {
+      {"backend", &k.backend}, {"kind", &k.kind},     {"host_cpu", &k.host_cpu},
+      {"device", &k.device},   {"driver", &k.driver}, {"features", &k.features}};
+  if (!j.is_object()) refuse(source, "a device entry's \"device\" is not an object");
+  for (const auto& [name, field] : fields) {
+    if (!j.contains(name) || !j.at(name).is_string())
+      refuse(source, std::string("a device entry lacks the text field \"") + name + "\"");
+    *field = j.at(name).get<std::string>();
+  }
+  if (k.kind != "cpu" && k.kind != "gpu") refuse(source, "device kind '" + k.kind + "'");
+  return k;
+}
+
+}  // namespace
+
+std::string default_cost_profile_dir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+    return (fs::path(xdg) / "tandem").string();
+  }
+  if (const char* home = std::getenv("HOME"); home && *home) {
+    return (fs::path(home) / ".cache" / "tandem").string();
+  }
+  return (fs::temp_directory_path() / "tandem").string();
+}
+
+std::string default_cost_profile_path(std::span<const DeviceKey> keys) {
+  // FNV-1a over every key's fields: stable across builds and runs.
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const DeviceKey& k : keys) {
+    for (const std::string* s :
+         {&k.backend, &k.kind, &k.host_cpu, &k.device, &k.driver, &k.features}) {
+      for (unsigned char c : *s) h = (h ^ c) * 0x100000001b3ull;
+      h = (h ^ 0xff) * 0x100000001b3ull;
+    }
+  }
+  char name[64];
+  std::snprintf(name, sizeof name, "cost-profile-%016llx.json", (unsigned long long)h);
+  return (fs::path(default_cost_profile_dir()) / name).string();
+}
+
+std::string cost_profile_to_json(std::span<const CalibratedDevice> devices) {
+  json list = json::array();
+  for (const auto& d : devices) {
+    list.push_back({{"device", key_json(d.key)}, {"profile", detail::profile_to_json(d.profile)}});
+  }
+  return json{{"format", kFormatName}, {"version", kFormatVersion}, {"devices", list}}.dump(1);
+}
+
+std::vector<CalibratedDevice> cost_profile_from_json(std::string_view text,
+                                                     const std::string& source) {
+  json j = json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded()) refuse(source, "not valid JSON (corrupt or truncated)");
+  if (!j.is_object() || j.value("format", "") != kFormatName) {
+    refuse(source,
+           std::string("not a cost profile (expected \"format\": \"") + kFormatName + "\")");
+  }
+  if (!j.contains("version") || !j.at("version").is_number_integer() ||
+      j.at("version").get<int>() != kFormatVersion) {
+    refuse(source,
+           "unsupported version (this build reads version " + std::to_string(kFormatVersion) + ")");
+  }
+  if (!j.contains("devices") || !j.at("devices").is_array()) refuse(source, "no \"devices\" list");
+  std::vector<CalibratedDevice> out;
+  for (const json& e : j.at("devices")) {
+    if (!e.is_object() || !e.contains("device") || !e.contains("profile"))
+      refuse(source, "a device entry needs \"device\" and \"profile\"");
+    CalibratedDevice d;
+    d.key = key_from_json(e.at("device"), source);
+    const BackendKind kind = d.key.kind == "gpu" ? BackendKind::Gpu : BackendKind::Cpu;
+    try {
+      d.profile = detail::profile_from_json(
+          e.at("profile"), CostModel::default_profile(d.key.backend, kind), d.key.backend);
+    } catch (const Error& err) {
+      refuse(source, err.message());
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+void write_cost_profile(const std::string& path, std::span<const CalibratedDevice> devices) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
+  // Written beside and renamed, so a reader never sees half a file.
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << cost_profile_to_json(devices) << "\n";
+    if (!f) throw_error(ErrorCode::Io, "cost profile", "cannot write '" + tmp + "'");
+  }
+  fs::rename(tmp, p, ec);
+  if (ec)
+    throw_error(ErrorCode::Io, "cost profile", "cannot write '" + path + "': " + ec.message());
+}
+
+std::vector<CalibratedDevice> read_cost_profile(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw_error(ErrorCode::Io, "cost profile", "cannot open '" + path + "'");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return cost_profile_from_json(ss.str(), path);
+}
+
+void apply_cost_profile(std::span<const CalibratedDevice> devices, std::span<const DeviceKey> here,
+                        const std::string& source, CostModel& model) {
+  size_t matched = 0;
+  for (const CalibratedDevice& d : devices) {
+    const auto it = std::find_if(here.begin(), here.end(),
+                                 [&](const DeviceKey& k) { return k.backend == d.key.backend; });
+    if (it == here.end()) continue;
+    if (!(*it == d.key)) {
+      refuse(source,
+             "made for another device: " + d.key.describe() + "; this is " + it->describe());
+    }
+    ++matched;
+  }
+  if (matched == 0) {
+    std::string ids;
+    for (const auto& k : here) ids += (ids.empty() ? "" : ", ") + k.backend;
+    refuse(source, "made for other devices (it has no entry for " + ids + ")");
+  }
+  for (const CalibratedDevice& d : devices) {
+    if (std::any_of(here.begin(), here.end(),
+                    [&](const DeviceKey& k) { return k.backend == d.key.backend; }))
+      model.set_profile(d.key.backend, d.profile);
+  }
+}
+
+LoadedCostModel load_cost_model(std::span<const std::shared_ptr<Backend>> backends,
+                                const CostProfileOptions& options, std::ostream& log) {
+  LoadedCostModel out;
+  std::vector<Backend*> measured;
+  for (const auto& b : backends) {
+    if (b->backend_id() == kReferenceBackendId) continue;
+    out.keys.push_back(device_key(*b));
+    measured.push_back(b.get());
+  }
+  if (options.use_builtin || measured.empty()) {
+    if (options.use_builtin) {
+      log << "warning: --no-calibrate: using built-in device figures, placement estimates may "
+             "be far off\n";
+    }
+    return out;
+  }
+  const bool named = !options.path.empty();
+  const std::string path = named ? options.path : default_cost_profile_path(out.keys);
+  std::error_code ec;
+  if (named || fs::exists(path, ec)) {
+    try {
+      apply_cost_profile(read_cost_profile(path), out.keys, path, out.model);
+      out.path = path;
+      out.measured = true;
+    } catch (const Error& e) {
+      log << "warning: " << e.what() << "; using built-in device figures\n";
+    }
+    return out;
+  }
+  if (!options.calibrate_if_missing) return out;
+  log << "calibrating this machine's devices for the cost model (first use, a few seconds; "
+         "`tandem calibrate` measures more) ...\n";
+  std::vector<CalibratedDevice> devices;
+  CalibrationOptions quick;
+  quick.quick = true;
+  for (size_t i = 0; i < measured.size(); ++i) {
+    devices.push_back({out.keys[i], calibrate_backend(*measured[i], quick)});
+    out.model.set_profile(out.keys[i].backend, devices.back().profile);
+  }
+  out.measured = true;
+  try {
+    write_cost_profile(path, devices);
+    out.path = path;
+  } catch (const Error& e) {
+    log << "warning: " << e.what() << " (the calibration is used for this run only)\n";
+  }
+  return out;
+}
+
+void save_cost_model(const LoadedCostModel& loaded) {
+  if (loaded.path.empty()) return;
+  std::vector<CalibratedDevice> devices;
+  for (const DeviceKey& k : loaded.keys) {
+    const BackendKind kind = k.kind == "gpu" ? BackendKind::Gpu : BackendKind::Cpu;
+    devices.push_back({k, loaded.model.profile(k.backend, kind)});
+  }
+  write_cost_profile(loaded.path, devices);
+}
+
+// ---- estimates against measurements ----
+
+EstimateReport estimate_report(std::span<const ExecutionEvent> events) {
+  EstimateReport report;
+  std::vector<double> all;
+  std::map<std::string, std::vector<double>> errors;
+  std::map<std::string, EstimateError> types;
+  for (const ExecutionEvent& e : events) {
+    if (e.kind != EventKind::Op || !(e.actual_us > 0.0)) continue;
+    const double err = std::abs(e.estimated_us - e.actual_us) / e.actual_us;
+    const std::string type = std::string(op_name(e.op)) + " on " + e.backend;
+    all.push_back(err);
+    errors[type].push_back(err);
+    EstimateError& t = types[type];
+    t.op_type = type;
+    ++t.count;
+    t.estimated_us += e.estimated_us;
+    t.actual_us += e.actual_us;
+  }
+  report.ops = all.size();
+  if (all.empty()) return report;
+  report.median_abs_error = median(std::move(all));
+  for (auto& [type, t] : types) {
+    t.median_abs_error = median(std::move(errors[type]));
+    report.by_type.push_back(t);
+  }
+  return report;
+}
+
+void print_estimate_report(const EstimateReport& report, std::ostream& os) {
+  if (report.ops == 0) return;
+  char line[256];
+  std::snprintf(line, sizeof line, "estimate vs actual: median |error| %.1f%% over %zu timed ops\n",
+                100.0 * report.median_abs_error, report.ops);
+  os << line;
+  std::snprintf(line, sizeof line, "  %-30s %6s %12s %12s %8s %9s\n", "op type", "ops", "est_us",
+                "actual_us", "act/est", "med|err|");
+  os << line;
+  std::string strays;
+  for (const EstimateError& t : report.by_type) {
+    const double ratio = t.estimated_us > 0 ? t.actual_us / t.estimated_us : 0.0;
+    std::snprintf(line, sizeof line, "  %-30s %6zu %12.0f %12.0f %7.2fx %8.1f%%\n",
+                  t.op_type.c_str(), t.count, t.estimated_us, t.actual_us, ratio,
+                  100.0 * t.median_abs_error);
+    os << line;
+    if (ratio > kEstimateStrayFactor || ratio < 1.0 / kEstimateStrayFactor) {
+      std::snprintf(line, sizeof line, "  %s: actual %.2fx the estimate\n", t.op_type.c_str(),
+                    ratio);
+      strays += line;
+    }
+  }
+  if (!strays.empty()) {
+    std::snprintf(line, sizeof line, "estimates off by more than %.1fx (either way):\n",
+                  kEstimateStrayFactor);
+    os << line << strays;
+  }
+}
+
+}  // namespace tandem
