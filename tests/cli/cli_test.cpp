@@ -24,8 +24,8 @@ using cli_test::tiny_model;
 namespace fs = std::filesystem;
 
 TEST(Cli, EverySubcommandHasHelp) {
-  for (std::string sub :
-       {"run", "bench", "synth", "inspect", "devices", "tokenize", "detokenize", "logits"}) {
+  for (std::string sub : {"run", "bench", "plan", "tune", "calibrate", "synth", "inspect",
+                          "devices", "tokenize", "detokenize", "logits"}) {
     Result r = tandem(sub + " --help");
     EXPECT_EQ(r.code, 0) << sub << ": " << r.err;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
@@ -180,6 +180,67 @@ TEST(Cli, GreedyRunGivesTheSameTokensOnEveryStrategy) {
   EXPECT_EQ(c.out, r.out);
   EXPECT_NE(c.err.find("tokens/s"), std::string::npos);
   EXPECT_NE(c.err.find("execution summary"), std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Cli, PlanShowsWhereTensorsAndOpsGoWithoutRunning) {
+  const std::string& m = tiny_model();
+  Result r = tandem("plan -m " + m + " --strategy auto -p 8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* want : {"where tensors live", "prefill (8 tokens): predicted",
+                           "decode (1 token): predicted", "candidates auto weighed"}) {
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  }
+  Result j = tandem("plan -m " + m + " --strategy cpu -p 8 --json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  auto doc = nlohmann::json::parse(j.out);
+  ASSERT_EQ(doc["phases"].size(), 2u);
+  EXPECT_EQ(doc["phases"][0]["tokens"], 8);
+  EXPECT_GT(doc["phases"][1]["predicted_us"].get<double>(), 0.0);
+  EXPECT_EQ(doc["phases"][1]["ops"]["cpu"].get<int>() > 0, true);
+  EXPECT_FALSE(doc["tensors"].empty());
+  for (const auto& t : doc["tensors"]) EXPECT_EQ(t["home"], "host") << t.dump();
+  EXPECT_FALSE(doc.contains("residency"));  // only auto searches one
+  Result bad = tandem("plan -m " + m + " -p 0");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("prompt length"), std::string::npos) << bad.err;
+}
+
+TEST(Cli, TuneSavesTheBestPlacementAndRunReadsIt) {
+  const std::string& m = tiny_model();
+  const fs::path saved =
+      fs::temp_directory_path() / ("tandem_tune_" + std::to_string(getpid()) + ".json");
+  Result r = tandem("tune -m " + m + " -p 4 -n 2 -r 1 --save " + saved.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("auto ranks"), std::string::npos) << r.out;
+  auto doc = nlohmann::json::parse(std::ifstream(saved));
+  EXPECT_EQ(doc["format"], "tandem-placement");
+  EXPECT_EQ(doc["model"], fs::path(m).filename().string());
+  // The saved placement round-trips: run and bench take it.
+  Result run = tandem("run -m " + m + " -p hi -n 2 --greedy --placement " + saved.string());
+  EXPECT_EQ(run.code, 0) << run.err;
+  Result bench = tandem("bench -m " + m + " -p 4 -n 0 -r 1 --placement " + saved.string());
+  EXPECT_EQ(bench.code, 0) << bench.err;
+  // A corrupt file, a file of another kind and a file for another model are refused by name.
+  const fs::path junk = saved.string() + ".junk";
+  std::ofstream(junk) << "{ not json";
+  Result c = tandem("run -m " + m + " -p hi --placement " + junk.string());
+  EXPECT_NE(c.code, 0);
+  EXPECT_NE(c.err.find("not JSON"), std::string::npos) << c.err;
+  std::ofstream(junk) << R"({"format": "something-else"})";
+  c = tandem("run -m " + m + " -p hi --placement " + junk.string());
+  EXPECT_NE(c.err.find("not a saved placement"), std::string::npos) << c.err;
+  doc["model"] = "other.gguf";
+  std::ofstream(junk) << doc.dump();
+  c = tandem("run -m " + m + " -p hi --placement " + junk.string());
+  EXPECT_NE(c.err.find("tuned for other.gguf"), std::string::npos) << c.err;
+  Result both = tandem("run -m " + m + " -p hi -ngl 1 --placement " + saved.string());
+  EXPECT_NE(both.err.find("drop --n-gpu-layers"), std::string::npos) << both.err;
+  fs::remove(saved);
+  fs::remove(junk);
 }
 
 }  // namespace
