@@ -157,6 +157,9 @@ class CostModel {
   static OpCost estimate(const Graph& graph, const Node& node, const BackendProfile& profile,
                          std::span<const uint8_t> input_hops = {}, double weight_runs = 1.0);
   static double transfer_us(size_t bytes, const LinkProfile& link, int hops = 1);
+  // A streamed weight's copy: from page-locked host memory (the executor keeps such copies of
+  // streamed weights), at the pinned figures where measured, else the link's.
+  static double stream_us(size_t bytes, const LinkProfile& link);
   // compute_us without the learned factor.
   static double calibrated_compute_us(const OpWork& work, const OpKey& key,
                                       const BackendProfile& profile);

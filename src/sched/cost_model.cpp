@@ -87,6 +87,11 @@ BackendProfile CostModel::profile(std::string_view backend_id, BackendKind kind)
   return default_profile(backend_id, kind);
 }
 
+double CostModel::stream_us(size_t bytes, const LinkProfile& link) {
+  if (!(link.pinned_bandwidth_gbs > 0.0)) return transfer_us(bytes, link, 1);
+  return double(bytes) / (link.pinned_bandwidth_gbs * 1e3) + link.pinned_latency_us;
+}
+
 double CostModel::transfer_us(size_t bytes, const LinkProfile& link, int hops) {
   if (hops <= 0) return 0.0;
   return double(hops) * (double(bytes) / (link.bandwidth_gbs * 1e3) + link.latency_us);

@@ -131,7 +131,7 @@ class ExecutionSearch {
       size_t largest = 0;
       for (TensorId w : st.weights) {
         if (weight_mask_[size_t(w)] & group_bit(gb)) continue;
-        stream_us += CostModel::transfer_us(g_.tensor(w).bytes(), c_.profiles[b].link, 1);
+        stream_us += CostModel::stream_us(g_.tensor(w).bytes(), c_.profiles[b].link);
         largest = std::max(largest, g_.tensor(w).bytes());
       }
       if (largest > 0 && size_t(kStreamAheadWeights + 1) * largest > free_[b] - st.transient)

@@ -322,7 +322,7 @@ class Walk {
       OpCost base = CostModel::estimate(g_, n, prof, in_hops);
       double weight_us = 0.0;
       for (TensorId w : se.weights) {
-        weight_us += CostModel::transfer_us(g_.tensor(w).bytes(), prof.link, 1);
+        weight_us += CostModel::stream_us(g_.tensor(w).bytes(), prof.link);
       }
       // Overlapped with execution: only the part of the copy longer than the op shows.
       se.cost = base;

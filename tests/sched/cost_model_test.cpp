@@ -239,3 +239,21 @@ TEST(CostModel, FuzzCorpusLoadsOrFailsCleanly) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST(CostModel, StreamedWeightsUseThePinnedLinkWhereMeasured) {
+  LinkProfile link;
+  link.bandwidth_gbs = 5.0;  // pageable
+  link.latency_us = 20.0;
+  // Not measured: the link's own figures.
+  EXPECT_DOUBLE_EQ(CostModel::stream_us(1'000'000, link), CostModel::transfer_us(1'000'000, link));
+  link.pinned_bandwidth_gbs = 50.0;
+  link.pinned_latency_us = 5.0;
+  EXPECT_DOUBLE_EQ(CostModel::stream_us(1'000'000, link), 1e6 / 50e3 + 5.0);  // 25 us
+  EXPECT_DOUBLE_EQ(CostModel::transfer_us(1'000'000, link), 1e6 / 5e3 + 20.0);
+}
+
+}  // namespace
+}  // namespace tandem
