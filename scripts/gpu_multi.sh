@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two GPUs of one host: builds tandem for sm_90, runs cuda_test and the multi-GPU tests, measures
+# Two GPUs of one host: builds tandem for sm_90, runs cuda_test, sched_test and llama_test, measures
 # peer copy bandwidth, checks that logits of the 1B and 8B shapes split across two GPUs
 # (--tensor-split 1,1) match one GPU (--split-mode none), then benches the split (pp512, tg64)
 # against llama-bench -sm layer on 8B Q8_0 and a 64-layer 8B-shaped model, in one table.
@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/tandem_multi}
 mkdir -p "$OUT"
 LOG="$OUT/multi.log"
 : >"$LOG"
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 say() { echo "$@" | tee -a "$LOG"; }
 fail() {
   say "FAIL: $*"
@@ -42,9 +42,10 @@ M1=$M/llama-3.2-1b-q8_0.gguf M8=$M/llama-3.1-8b-q8_0.gguf M64=$M/llama-3.1-8b-64
   [ -f $M64 ] || $B synth --preset llama-3.1-8b --n-layer 64 --type q4_0 -t 8 -o $M64 >/dev/null
 ) >>"$LOG" 2>&1 &
 synth=$!
-timeout 240 cmake --build build/gpu -j8 --target cuda_test sched_test >>"$LOG" 2>&1 || fail "build tests (see $LOG)"
+timeout 240 cmake --build build/gpu -j8 --target cuda_test sched_test llama_test >>"$LOG" 2>&1 || fail "build tests (see $LOG)"
 say "build tests: $(($(date +%s) - t0)) s"
-for t in cuda/cuda_test sched/sched_test; do
+# llama_test's gpu cases split the tiny models across both GPUs (the default with two).
+for t in cuda/cuda_test sched/sched_test llama/llama_test; do
   echo "== $t" >>"$LOG"
   timeout 180 build/gpu/tests/$t --gtest_brief=1 >>"$LOG" 2>&1
   say "$(basename $t) exit $?"
