@@ -13,9 +13,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -128,6 +130,26 @@ struct Placement {
   void print(std::ostream& os, const Graph& graph) const;
 };
 
+// Where the Automatic strategy keeps persistent tensors: decided once, for every phase the
+// model runs (HybridScheduler::plan_residency with a prefill and a decode graph), and kept by
+// every later plan. Each candidate the search scored is listed with its predicted step times.
+struct ResidencyPlan {
+  struct Candidate {
+    std::string name;                  // "layers 16-31, output, KV with layers"
+    std::vector<double> phase_us;      // predicted step time per phase graph (inf: cannot run)
+    std::vector<size_t> device_bytes;  // per backend index: persistent bytes placed there
+    double score = 0.0;  // sum over phases of phase_us / the best candidate's (lower is better)
+  };
+  std::vector<Candidate> candidates;
+  int chosen = -1;  // index into candidates
+  // Per weight or KV cache name: the backend id holding it; absent: host memory only.
+  std::map<std::string, std::string, std::less<>> home;
+  std::vector<size_t> reserve_bytes;  // per backend index: kept free for activations, staging
+  std::string why;                    // one line: what was chosen and by how much it won
+
+  const Candidate* best() const { return chosen >= 0 ? &candidates[size_t(chosen)] : nullptr; }
+};
+
 // Persistent tensors (weights, KV caches) already held by a backend, by name. Executors keep
 // one up to date (HybridExecutor::residency()); plan() reads it for transfer costs, memory
 // budgets and KV-cache colocation. Host-accessible backends share host memory: a weight bound
@@ -157,6 +179,10 @@ class Residency {
   uint64_t hash_ = 0;
 };
 
+// The persistent tensors a placement leaves on its devices (the weights it uploads, the KV
+// caches it creates there), added to `before`: the executor's residency after running it.
+Residency residency_after(const Graph& graph, const Placement& placement, Residency before = {});
+
 // A per-tensor pin: a regex (ECMAScript) searched in weight names, first pin that matches wins,
 // as llama.cpp's --override-tensor ("exps" matches "blk.3.ffn_up_exps.weight"); an op reading a
 // matching weight runs on `backend_id`.
@@ -177,7 +203,9 @@ class HybridScheduler {
     Builder& strict(bool on = true);
     Builder& pin_tensor(std::string pattern, std::string backend_id);
     Builder& pin_op(OpKind op, std::string backend_id);
-    Builder& switch_threshold(double ratio);  // Automatic hysteresis, >= 1
+    // Hysteresis (>= 1) of the per-op choice gpu_preferred makes for activations left in host
+    // memory; auto places the whole graph and ignores it.
+    Builder& switch_threshold(double ratio);
     // Bytes of persistent tensors (weights, KV caches) plan() may place on a backend, counting
     // those already resident. Default: the backend's free memory when build() runs.
     Builder& memory_budget(std::string backend_id, size_t bytes);
@@ -207,6 +235,16 @@ class HybridScheduler {
   // call is a hash and a lookup. Throws InvalidArgument/Unsupported (BackendOnly, strict, an op
   // no backend runs) with the node, the op and every backend's reason.
   std::shared_ptr<const Placement> plan(const Graph& graph, const Residency& residency = {});
+  // Automatic only: decides where weights and KV caches live from the graphs of the phases to
+  // be run (e.g. prefill and decode) and keeps it for every later plan(); without it the first
+  // plan() decides from its own graph. Clears cached plans.
+  const ResidencyPlan& plan_residency(std::span<const Graph* const> phases,
+                                      const Residency& residency = {});
+  const ResidencyPlan* residency_plan() const;  // nullptr before one is made
+  // The cost model's step time of a placement (the objective auto's search minimizes): every
+  // op's compute, each activation copy once, the part of a streamed weight's copy its op does
+  // not hide. `plan` and `tune` print it beside what they measure.
+  double predict_us(const Graph& graph, const Placement& placement) const;
   // The decision plan() makes for one node (in the context of the graph before it).
   BackendSelection select_backend(const Graph& graph, const Node& node,
                                   const Residency& residency = {});

@@ -7,8 +7,25 @@
 #include <sstream>
 
 #include "cli_util.h"
+#include "engine.h"
 
 namespace tandem::cli {
+
+void run_bench_test(Engine& engine, int n_prompt, int n_gen, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> token(0, int32_t(engine.config().n_vocab - 1));
+  engine.reset();
+  if (n_prompt > 0) {
+    std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
+    for (auto& t : prompt) t = token(rng);
+    engine.eval(prompt);
+    return;
+  }
+  int32_t t = token(rng);
+  for (int i = 0; i < n_gen; ++i) {
+    engine.eval(std::span<const int32_t>(&t, 1));
+    t = token(rng);
+  }
+}
 
 namespace {
 

@@ -4,10 +4,17 @@
 
 #include <functional>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 namespace tandem::cli {
+
+class Engine;
+
+// One llama-bench test on `engine`, once: n_prompt > 0 evaluates that many random tokens at
+// once (ppN); otherwise n_gen tokens are generated one by one (tgN). Tokens come from `rng`.
+void run_bench_test(Engine& engine, int n_prompt, int n_gen, std::mt19937& rng);
 
 struct BenchResult {
   std::string model, strategy, test, placement;

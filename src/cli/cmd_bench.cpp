@@ -61,23 +61,6 @@ std::vector<BenchTest> bench_tests(const BenchOptions& o) {
   return tests;
 }
 
-// Runs one test once on `engine` with tokens drawn from `rng`.
-void run_test(Engine& engine, const BenchTest& test, std::mt19937& rng) {
-  std::uniform_int_distribution<int32_t> token(0, int32_t(engine.config().n_vocab - 1));
-  engine.reset();
-  if (test.n_prompt > 0) {
-    std::vector<int32_t> prompt(size_t(test.n_prompt));
-    for (auto& t : prompt) t = token(rng);
-    engine.eval(prompt);
-    return;
-  }
-  int32_t t = token(rng);
-  for (int i = 0; i < test.n_gen; ++i) {
-    engine.eval(std::span<const int32_t>(&t, 1));
-    t = token(rng);
-  }
-}
-
 int run_bench(const BenchOptions& o) {
   const auto& formats = bench_output_formats();
   TANDEM_CHECK_ARG(std::find(formats.begin(), formats.end(), o.output) != formats.end(),
@@ -88,8 +71,11 @@ int run_bench(const BenchOptions& o) {
   TANDEM_CHECK_ARG(!tests.empty(), "--n-prompt/--n-gen",
                    "need a positive prompt or generation length");
   TANDEM_CHECK_ARG(o.reps >= 1 && o.reps <= 1000, "--repetitions", "must be in [1, 1000]");
-  const std::vector<std::string> strategies =
-      o.strategies.empty() ? default_strategies() : o.strategies;
+  // A saved placement brings its own strategy.
+  const std::vector<std::string> strategies = !o.strategies.empty() ? o.strategies
+                                              : !o.engine.placement.empty()
+                                                  ? std::vector<std::string>{"placement"}
+                                                  : default_strategies();
   const size_t ngl_count = std::max<size_t>(1, o.engine.n_gpu_layers.size());
   int max_tokens = 1;
   for (const auto& t : tests) max_tokens = std::max(max_tokens, t.n_prompt + t.n_gen);
@@ -105,7 +91,8 @@ int run_bench(const BenchOptions& o) {
     for (size_t ngl_index = 0; ngl_index < ngl_count; ++ngl_index) {
       EngineOptions eo = o.engine.to_options(strategy, ngl_index);
       if (eo.n_ctx == 0) eo.n_ctx = max_tokens + 1;
-      std::string label = strategy;
+      std::string label =
+          o.engine.placement.empty() ? strategy : eo.strategy + " (" + o.engine.placement + ")";
       if (eo.n_gpu_layers) label += " ngl " + std::to_string(*eo.n_gpu_layers);
       {
         Engine engine(eo);  // timing off: the timed figures never include per-op timing
@@ -115,7 +102,8 @@ int run_bench(const BenchOptions& o) {
         for (size_t t = 0; t < tests.size(); ++t) {
           BenchResult r{model,           strategy,          tests[t].name,  "",
                         eo.n_gpu_layers, tests[t].n_prompt, tests[t].n_gen, {}};
-          r.seconds = time_test(o.reps, [&] { run_test(engine, tests[t], rng); });
+          r.seconds = time_test(
+              o.reps, [&] { run_bench_test(engine, tests[t].n_prompt, tests[t].n_gen, rng); });
           r.placement = engine.placement_summary();
           results.push_back(r);
           progress.update(t + 1);
@@ -128,9 +116,9 @@ int run_bench(const BenchOptions& o) {
         // A separate, untimed pass: every test once to warm up, then once on a device timeline.
         eo.timing = TimingMode::Timeline;
         Engine engine(eo);
-        for (const auto& test : tests) run_test(engine, test, rng);
+        for (const auto& test : tests) run_bench_test(engine, test.n_prompt, test.n_gen, rng);
         engine.executor().telemetry().clear_telemetry();
-        for (const auto& test : tests) run_test(engine, test, rng);
+        for (const auto& test : tests) run_bench_test(engine, test.n_prompt, test.n_gen, rng);
         const size_t configs = strategies.size() * ngl_count;
         const size_t index = (&strategy - strategies.data()) * ngl_count + ngl_index;
         const std::string path =
@@ -142,7 +130,7 @@ int run_bench(const BenchOptions& o) {
         // A separate, untimed pass with per-op timing (it synchronizes after every op).
         eo.timing = TimingMode::PerOp;
         Engine engine(eo);
-        for (const auto& test : tests) run_test(engine, test, rng);
+        for (const auto& test : tests) run_bench_test(engine, test.n_prompt, test.n_gen, rng);
         summaries << "per-op times from one untimed run of every test:\n";
         engine.executor().telemetry().print_debug_summary(summaries);
       }

@@ -9,6 +9,8 @@ namespace tandem::cli {
 void add_commands(CLI::App& app, std::function<int()>& run) {
   add_run(app, run);
   add_bench(app, run);
+  add_plan(app, run);
+  add_tune(app, run);
   add_synth(app, run);
   add_inspect(app, run);
   add_devices(app, run);

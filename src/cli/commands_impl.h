@@ -22,5 +22,7 @@ void add_detokenize(CLI::App& app, std::function<int()>& run);
 void add_run(CLI::App& app, std::function<int()>& run);
 void add_logits(CLI::App& app, std::function<int()>& run);
 void add_bench(CLI::App& app, std::function<int()>& run);
+void add_plan(CLI::App& app, std::function<int()>& run);
+void add_tune(CLI::App& app, std::function<int()>& run);
 
 }  // namespace tandem::cli

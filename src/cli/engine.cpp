@@ -96,6 +96,7 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
   const TensorDesc& out = lg.graph.tensor(lg.logits);
   logits_.resize(size_t(out.elements()));
 
+  plan_residency(kPlanPrefillTokens);
   auto planned = scheduler_->plan(lg.graph, executor_->residency());
   if (!layers_split_) {
     last_placement_ = planned;
@@ -118,6 +119,35 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
   executor_->run(lg.graph, *last_placement_, bindings);
   n_past_ += n;
   return logits_;
+}
+
+void Engine::plan_residency(int64_t n_prompt) {
+  if (scheduler_->strategy().kind != Strategy::Kind::Automatic || scheduler_->residency_plan())
+    return;
+  // Where weights and KV caches live is decided once, for prefill and decode together.
+  const Graph* phases[] = {&graph_for(std::clamp<int64_t>(n_prompt, 1, n_ctx_), false).graph,
+                           &graph_for(1, false).graph};
+  scheduler_->plan_residency(phases, executor_->residency());
+}
+
+std::vector<PhasePlan> Engine::plan_phases(int64_t n_prompt) {
+  TANDEM_CHECK_ARG(n_prompt >= 1 && n_prompt <= n_ctx_, "plan",
+                   "prompt length must be in [1, " + std::to_string(n_ctx_) + "] (got " +
+                       std::to_string(n_prompt) + ")");
+  plan_residency(n_prompt);
+  std::vector<PhasePlan> out;
+  Residency r = executor_->residency();
+  for (auto [name, n] : {std::pair<const char*, int64_t>{"prefill", n_prompt}, {"decode", 1}}) {
+    PhasePlan p;
+    p.name = name;
+    p.n_tokens = n;
+    p.graph = &graph_for(n, false).graph;
+    p.placement = scheduler_->plan(*p.graph, r);
+    p.predicted_us = scheduler_->predict_us(*p.graph, *p.placement);
+    r = residency_after(*p.graph, *p.placement, std::move(r));
+    out.push_back(std::move(p));
+  }
+  return out;
 }
 
 void Engine::upload_weights(const Graph& graph, const Placement& placement) {

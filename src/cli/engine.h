@@ -20,6 +20,9 @@
 
 namespace tandem::cli {
 
+// The prefill length the automatic placement plans residency for (with one-token decode).
+inline constexpr int64_t kPlanPrefillTokens = 512;
+
 struct EngineOptions {
   std::string model_path;
   std::string strategy = "gpu";                      // gpu | cpu | auto | only:ID
@@ -41,6 +44,15 @@ struct EngineOptions {
   bool record_events = true;
 };
 
+// One phase's placement as `plan` shows it: made without running or uploading anything.
+struct PhasePlan {
+  std::string name;  // "prefill" or "decode"
+  int64_t n_tokens = 0;
+  const Graph* graph = nullptr;
+  std::shared_ptr<const Placement> placement;
+  double predicted_us = 0.0;  // the cost model's step time
+};
+
 class Engine {
  public:
   explicit Engine(const EngineOptions& options);
@@ -55,6 +67,9 @@ class Engine {
   // Evaluates tokens at positions [n_past, n_past + size) and advances n_past. Returns the
   // logits of the last token (n_vocab floats) or, with all_logits, of every token.
   std::span<const float> eval(std::span<const int32_t> tokens, bool all_logits = false);
+  // The placements of a prompt of n_prompt tokens and then a one-token decode step, each
+  // planned over what the one before leaves resident, as eval() will make them.
+  std::vector<PhasePlan> plan_phases(int64_t n_prompt);
   // Forgets the context (positions restart at 0; the cache is overwritten as it refills).
   void reset() { n_past_ = 0; }
 
@@ -68,6 +83,7 @@ class Engine {
 
  private:
   const LlamaGraph& graph_for(int64_t n_tokens, bool all_logits);
+  void plan_residency(int64_t n_prompt);
   void upload_weights(const Graph& graph, const Placement& placement);
 
   gguf::File file_;

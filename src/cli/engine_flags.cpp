@@ -6,6 +6,7 @@
 
 #include "cli_util.h"
 #include "commands_impl.h"
+#include "placement_file.h"
 #include "tandem/error.h"
 #include "tandem/registry.h"
 
@@ -129,6 +130,9 @@ void EngineFlags::add(CLI::App& cmd, bool model_required, bool list_of_ngl) {
       ->expected(0, 1)
       ->default_str("on");
   cmd.add_flag("--strict", strict, "Fail instead of falling back to another backend");
+  cmd.add_option("--placement", placement,
+                 "A placement saved by `tandem tune --save FILE`: its strategy, GPU budget and "
+                 "pins (--gpu-mem and -ot given here still apply)");
 }
 
 EngineOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_index) const {
@@ -164,13 +168,24 @@ EngineOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_in
   if (!tensor_split.empty()) o.tensor_split = parse_tensor_split(tensor_split);
   TANDEM_CHECK_ARG(!o.single_gpu || o.tensor_split.empty(), "--tensor-split",
                    "has no effect with --split-mode none (one GPU)");
+  if (!placement.empty()) {
+    TANDEM_CHECK_ARG(n_gpu_layers.empty(), "--placement",
+                     "a saved placement holds its own pins; drop --n-gpu-layers");
+    const PlacementFile file = load_placement(placement);
+    const std::string name = model.substr(model.find_last_of('/') + 1);
+    TANDEM_CHECK_ARG(file.model == name, "--placement",
+                     placement + " was tuned for " + file.model + ", not " + name);
+    o.strategy = file.strategy;
+    if (gpu_mem.empty()) o.gpu_memory = file.gpu_memory;
+    o.pins = file.pins;
+  }
   for (const auto& ov : overrides) {
     auto eq = ov.rfind('=');
     TANDEM_CHECK_ARG(eq != std::string::npos && eq > 0 && eq + 1 < ov.size(), "--override-tensor",
                      "expected REGEX=BACKEND (got '" + ov + "')");
     o.pins.push_back(TensorPin{ov.substr(0, eq), ov.substr(eq + 1)});
   }
-  check_strict_has_gpu(strategy, o);
+  check_strict_has_gpu(o.strategy, o);
   return o;
 }
 

@@ -23,6 +23,7 @@ struct EngineFlags {
   std::vector<int> n_gpu_layers;  // empty: unset; several only where lists are allowed (bench)
   int64_t ctx = 0;
   bool strict = false;
+  std::string placement;  // --placement FILE (tandem tune --save)
   bool ngl_list = false;  // set by add()
 
   // ngl_list: -ngl takes a comma list (bench runs every value).

@@ -46,8 +46,8 @@ struct StreamEval {
 
 class Walk {
  public:
-  Walk(const PlannerConfig& c, const Graph& g, const Residency& r)
-      : c_(c), g_(g), n_backends_(c.backends.size()) {
+  Walk(const PlannerConfig& c, const Graph& g, const Residency& r, const SearchedPlacement* sp)
+      : c_(c), g_(g), n_backends_(c.backends.size()), searched_(sp) {
     const size_t n = g.size();
     loc_.assign(n, 0);
     producer_.assign(n, kNoBackend);
@@ -64,6 +64,7 @@ class Walk {
     stream_evals_.resize(n_backends_);
     ring_reserved_.assign(n_backends_, 0);
     excluded_.assign(n_backends_, false);
+    searched_home_.assign(g.size(), kNoBackend);
     group_backend_.assign(size_t(c.n_groups), kNoBackend);
     for (size_t b = 0; b < n_backends_; ++b) {
       used_[b] = r.resident_bytes(c.backends[b]->backend_id());
@@ -139,6 +140,14 @@ class Walk {
           }
         }
         loc_[size_t(n.id)] = m;
+        if (searched_) {
+          auto it = searched_->homes.find(name);
+          if (it != searched_->homes.end()) {
+            searched_home_[size_t(n.id)] = it->second;
+            if (n.op == OpKind::KvCache && home_[size_t(n.id)] == kNoBackend)
+              home_[size_t(n.id)] = it->second;
+          }
+        }
         // Pins match weights and KV caches by name (a cache pin keeps a layer's state there).
         if (n.op == OpKind::Weight || n.op == OpKind::KvCache) {
           if (c_.pin_matcher) weight_pin_[size_t(n.id)] = c_.pin_matcher->match(name);
@@ -206,7 +215,8 @@ class Walk {
         const size_t bytes = g_.tensor(s).bytes();
         OpKind sop = g_.node(s).op;
         if (sop == OpKind::Weight) {
-          if (gb != 0) persistent += bytes;
+          // Under a searched placement a weight homed elsewhere is streamed, not uploaded.
+          if (gb != 0 && !(searched_ && searched_home_[size_t(s)] != int(b))) persistent += bytes;
         } else if (sop == OpKind::KvCache) {
           (m == 0 || n.op == OpKind::KvWrite ? persistent : transient) += bytes;
         } else {
@@ -229,7 +239,11 @@ class Walk {
       // An exhausted device still takes ops on weights or caches already there (preloaded)
       // that need no new memory, and ops on activations it already holds (a streamed chain);
       // other activation-only ops stay off it (no ping-pong).
-      if (exhausted_[b] && (persistent > 0 || (!persistent_here && !input_here))) {
+      if (searched_) {
+        if (!e.fits)
+          e.memory_detail = id + " needs " + format_bytes(e.needed) + ", its budget has " +
+                            format_bytes(e.free) + " free";
+      } else if (exhausted_[b] && (persistent > 0 || (!persistent_here && !input_here))) {
         e.fits = false;
         e.needed = exhaust_needed_[b];
         e.free = exhaust_free_[b];
@@ -259,6 +273,7 @@ class Walk {
       const int pb = c_.tensor_pin_backend[size_t(p)];
       return c_.backends[size_t(pb)]->host_accessible();
     }
+    if (searched_) return searched_home_[size_t(s)] != b;
     return !evals_[size_t(b)].fits;
   }
 
@@ -552,9 +567,51 @@ class Walk {
     choose(sel, b, r, RejectReason::NotAllowed, r.why);
   }
 
+  // Follows the whole-graph search's backend for n; false when it has no room there.
+  bool follow_search(const Node& n, BackendSelection& sel) {
+    const int b = searched_->backend[size_t(n.id)];
+    if (b < 0) return false;
+    const StreamEval& se = stream_evals_[size_t(b)];
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "whole-graph search (step predicted %.1f us)",
+                  searched_->predicted_us);
+    if (!se.weights.empty()) {
+      if (!se.ok) return false;
+      int host = kNoBackend;
+      for (size_t h = 0; h < n_backends_; ++h) {
+        if (c_.group[h] == 0 && evals_[h].ok() &&
+            (host < 0 || evals_[h].cost.total_us() < evals_[size_t(host)].cost.total_us()))
+          host = int(h);
+      }
+      choose_streamed(sel, b, host, buf);
+      return true;
+    }
+    if (!evals_[size_t(b)].ok()) return false;
+    SelectionReason r;
+    r.kind = Kind::CostModel;
+    r.why = buf;
+    int cheapest = kNoBackend;
+    for (size_t i = 0; i < n_backends_; ++i) {
+      if (!evals_[i].check.ok()) continue;
+      r.costs.push_back({int(i), c_.backends[i]->backend_id(), evals_[i].cost});
+      if (cheapest < 0 || evals_[i].cost.total_us() < evals_[size_t(cheapest)].cost.total_us())
+        cheapest = int(i);
+    }
+    if (cheapest >= 0 && cheapest != b && !evals_[size_t(cheapest)].fits) {
+      // Cheaper alone, but it has no room.
+      SelectionReason m = memory_reason(evals_[size_t(cheapest)]);
+      m.costs = std::move(r.costs);
+      m.why = std::string(buf) + "; " + m.why;
+      r = std::move(m);
+    }
+    choose(sel, b, std::move(r), RejectReason::MoreExpensive, "");
+    return true;
+  }
+
   void select(const Node& n, BackendSelection& sel) {
     evaluate(n);
     evaluate_streamed(n);
+    if (searched_ && follow_search(n, sel)) return;
     const bool may_stream = c_.strategy.kind == Strategy::Kind::GpuPreferred ||
                             c_.strategy.kind == Strategy::Kind::Automatic;
     // 1. Pins: a weight pin, then an op pin. A pin to host memory says where the weight lives;
@@ -694,8 +751,10 @@ class Walk {
   const PlannerConfig& c_;
   const Graph& g_;
   const size_t n_backends_;
-  std::vector<uint64_t> loc_;  // per storage: groups holding a valid copy
-  std::vector<int> producer_;  // per storage: the backend that last wrote it
+  const SearchedPlacement* searched_;
+  std::vector<int> searched_home_;  // per weight or cache: its searched device (or none)
+  std::vector<uint64_t> loc_;       // per storage: groups holding a valid copy
+  std::vector<int> producer_;       // per storage: the backend that last wrote it
   std::vector<int> weight_pin_;
   std::vector<int> parent_;  // union-find over KV caches
   std::vector<int> home_;    // per cache representative: its backend
@@ -717,8 +776,9 @@ class Walk {
 
 }  // namespace
 
-Placement plan_graph(const PlannerConfig& config, const Graph& graph, const Residency& residency) {
-  Walk walk(config, graph, residency);
+Placement plan_graph(const PlannerConfig& config, const Graph& graph, const Residency& residency,
+                     const SearchedPlacement* searched) {
+  Walk walk(config, graph, residency, searched);
   return walk.run();
 }
 

@@ -4,6 +4,8 @@
 
 #include <array>
 #include <memory>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "pin_matcher.h"
@@ -30,6 +32,17 @@ struct PlannerConfig {
   CostModel cost_model;
 };
 
-Placement plan_graph(const PlannerConfig& config, const Graph& graph, const Residency& residency);
+// What the whole-graph search decided for one graph (Automatic): the walk follows it, keeping
+// its bookkeeping (copies, uploads, streamed weights, memory) and falling back to its own
+// choice for a node whose searched backend has no room.
+struct SearchedPlacement {
+  std::vector<int> backend;                    // per node (kNoBackend: leaf, metadata)
+  std::unordered_map<std::string, int> homes;  // weight or cache name -> device; absent: host
+  double predicted_us = 0.0;
+  std::string residency_why;
+};
+
+Placement plan_graph(const PlannerConfig& config, const Graph& graph, const Residency& residency,
+                     const SearchedPlacement* searched = nullptr);
 
 }  // namespace tandem

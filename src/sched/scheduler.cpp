@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "graph_search.h"
 #include "planner.h"
 #include "tandem/error.h"
 #include "tandem/hash.h"
@@ -298,6 +300,9 @@ struct HybridScheduler::Impl {
   std::unique_ptr<PlannerConfig> config;
   std::mutex mutex;
   std::unordered_map<uint64_t, std::shared_ptr<const Placement>> cache;
+  std::optional<ResidencyPlan> residency_plan;  // Automatic: where persistent tensors live
+  ResidencyHomes homes;                         // the same, by backend index
+  uint64_t residency_key = 0;                   // changes with each new residency plan
 };
 
 HybridScheduler::HybridScheduler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -324,18 +329,91 @@ std::shared_ptr<const Placement> HybridScheduler::plan(const Graph& graph,
     if (impl_->config->backends[b]->lost()) lost |= 1ull << b;
   }
   key = hash_combine(key, lost);
+  const bool automatic = impl_->config->strategy.kind == Strategy::Kind::Automatic;
+  if (automatic && !residency_plan()) {
+    // Without phases given (plan_residency), the first graph decides where weights live.
+    const Graph* phases[] = {&graph};
+    plan_residency(phases, residency);
+  }
   {
     std::lock_guard lock(impl_->mutex);
+    key = hash_combine(key, impl_->residency_key);
     auto it = impl_->cache.find(key);
     if (it != impl_->cache.end()) return it->second;
   }
-  auto placement = std::make_shared<Placement>(plan_graph(*impl_->config, graph, residency));
+  std::shared_ptr<Placement> placement;
+  if (automatic) {
+    // Whole-graph placement: the residency (once, shared by every phase), then this graph's
+    // execution by the search; the walk follows it and does the bookkeeping.
+    ExecutionChoice choice = search_execution(*impl_->config, graph, impl_->homes);
+    if (!choice.ok) throw_error(ErrorCode::Unsupported, "scheduler", choice.failure);
+    SearchedPlacement sp;
+    sp.backend = std::move(choice.backend);
+    sp.homes = impl_->homes;
+    sp.predicted_us = choice.cost_us;
+    sp.residency_why = impl_->residency_plan->why;
+    placement = std::make_shared<Placement>(plan_graph(*impl_->config, graph, residency, &sp));
+  } else {
+    placement = std::make_shared<Placement>(plan_graph(*impl_->config, graph, residency));
+  }
   placement->signature = signature;
   placement->key = key;
   std::lock_guard lock(impl_->mutex);
   if (impl_->cache.size() >= kMaxCachedPlans) impl_->cache.clear();
   impl_->cache.emplace(key, placement);
   return placement;
+}
+
+const ResidencyPlan& HybridScheduler::plan_residency(std::span<const Graph* const> phases,
+                                                     const Residency& residency) {
+  TANDEM_CHECK_ARG(!phases.empty(), "scheduler plan_residency", "needs at least one graph");
+  ResidencyPlan plan = search_residency(*impl_->config, phases, residency);
+  std::lock_guard lock(impl_->mutex);
+  impl_->homes = homes_of(*impl_->config, plan);
+  impl_->residency_plan = std::move(plan);
+  impl_->residency_key = hash_combine(impl_->residency_key + 1, 0x5eed);
+  impl_->cache.clear();
+  return *impl_->residency_plan;
+}
+
+Residency residency_after(const Graph& graph, const Placement& placement, Residency before) {
+  for (const Node& n : graph.nodes()) {
+    const BackendSelection& sel = placement.at(n.id);
+    if (!is_compute(n.op) || !sel.backend || sel.backend->host_accessible()) continue;
+    const std::string& id = sel.backend->backend_id();
+    for (TensorId in : n.inputs) {
+      const TensorId s = graph.storage_of(in);
+      const OpKind sop = graph.node(s).op;
+      if (sop != OpKind::Weight && sop != OpKind::KvCache) continue;
+      if (std::find(sel.streamed.begin(), sel.streamed.end(), s) != sel.streamed.end()) continue;
+      const std::string& name = graph.tensor(s).name;
+      if (!before.contains(id, name)) before.add(id, name, graph.tensor(s).bytes());
+    }
+  }
+  return before;
+}
+
+double HybridScheduler::predict_us(const Graph& graph, const Placement& placement) const {
+  TANDEM_CHECK_ARG(placement.nodes.size() == graph.size(), "scheduler predict_us",
+                   "the placement is of another graph");
+  ResidencyHomes homes;
+  const Residency r = residency_after(graph, placement);
+  std::vector<int> backend(graph.size(), kNoBackend);
+  for (const Node& n : graph.nodes()) {
+    const BackendSelection& sel = placement.at(n.id);
+    if (is_compute(n.op) && sel.backend)
+      backend[size_t(n.id)] = backend_index(sel.backend->backend_id());
+    if (n.op != OpKind::Weight && n.op != OpKind::KvCache) continue;
+    for (const std::string& id : r.locations(graph.tensor(n.id).name)) {
+      homes[graph.tensor(n.id).name] = backend_index(id);
+    }
+  }
+  return evaluate_execution(*impl_->config, graph, homes, backend, false);
+}
+
+const ResidencyPlan* HybridScheduler::residency_plan() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->residency_plan ? &*impl_->residency_plan : nullptr;
 }
 
 BackendSelection HybridScheduler::select_backend(const Graph& graph, const Node& node,
