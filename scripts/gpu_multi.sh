@@ -23,6 +23,7 @@ nvidia-smi --query-gpu=index,name,memory.total,memory.free --format=csv,noheader
 nvidia-smi topo -m >>"$LOG" 2>&1
 
 t0=$(date +%s)
+status=0 # set on a failed test or a logits mismatch; the benches still run
 tar -xJf .gpu-tools/gpu-deps-debian12.tar.xz -C /tmp
 export LD_LIBRARY_PATH=/tmp/deps/lib:/tmp/deps/lib/x86_64-linux-gnu OPENBLAS_CORETYPE=SkylakeX
 cmake -S . -B build/gpu -G Ninja -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
@@ -48,9 +49,11 @@ say "build tests: $(($(date +%s) - t0)) s"
 for t in cuda/cuda_test sched/sched_test llama/llama_test; do
   echo "== $t" >>"$LOG"
   timeout 180 build/gpu/tests/$t --gtest_brief=1 >>"$LOG" 2>&1
-  say "$(basename $t) exit $?"
+  rc=$?
+  say "$(basename $t) exit $rc"
+  [ $rc -eq 0 ] || status=1
 done
-grep -E '^\[  (FAILED|SKIPPED) ' "$LOG" | head -20
+grep -E '^\[  (FAILED|SKIPPED) |^\[ measured \] peer' "$LOG" | head -20
 
 python3 - <<'PY' 2>&1 | tee -a "$LOG"
 import torch
@@ -75,13 +78,24 @@ for m in $M1 $M8; do
   timeout 120 $B logits -m $m --tokens "$tokens" --all --strategy gpu -sm none --out /tmp/one.bin >>"$LOG" 2>&1 || fail "logits one GPU $m"
   timeout 120 $B logits -m $m --tokens "$tokens" --all --strategy gpu -ts 1,1 --out /tmp/two.bin >>"$LOG" 2>&1 || fail "logits two GPUs $m"
   python3 - "$m" <<'PY' 2>&1 | tee -a "$LOG"
-import sys, numpy as np
-a, b = np.fromfile("/tmp/one.bin", np.float32), np.fromfile("/tmp/two.bin", np.float32)
-ok = a.size == b.size and np.isfinite(b).all()
-nmse = float(((a.astype(np.float64) - b) ** 2).sum() / (a.astype(np.float64) ** 2).sum()) if ok else float("inf")
-print(f"logits {sys.argv[1].split('/')[-1]}: two GPUs vs one: nmse {nmse:.3g}, max |diff| {np.abs(a - b).max() if ok else 'n/a'} -> {'ok' if nmse <= 1e-6 else 'MISMATCH'}")
+import math, sys
+from array import array
+def load(path):
+    a = array("f")
+    with open(path, "rb") as f:
+        a.frombytes(f.read())
+    return a
+a, b = load("/tmp/one.bin"), load("/tmp/two.bin")
+ok = len(a) == len(b) and len(a) > 0 and all(math.isfinite(x) for x in b)
+num = sum((float(x) - float(y)) ** 2 for x, y in zip(a, b)) if ok else 0.0
+den = sum(float(x) ** 2 for x in a) or 1.0
+nmse = num / den if ok else float("inf")
+worst = max(abs(x - y) for x, y in zip(a, b)) if ok else float("nan")
+print(f"logits {sys.argv[1].split('/')[-1]}: two GPUs vs one: {len(b)} values, nmse {nmse:.3g}, "
+      f"max |diff| {worst:.3g} -> {'ok' if nmse <= 1e-6 else 'MISMATCH'}")
 PY
 done
+grep -qE "MISMATCH|Traceback" "$LOG" && { say "FAIL: logits of two GPUs differ from one (see $LOG)"; status=1; }
 
 # Throughput: tandem split, tandem one GPU, llama-bench split, on the same files.
 LB=/tmp/llama-bench
@@ -126,4 +140,5 @@ for r in rows:
     if r["tool"] == "tandem -ts 1,1" and r["test"] == "tg":
         print(f"\nplacement {r['model']}: {r['placement']}")
 PY
-say "total: $(($(date +%s) - t0)) s"
+say "total: $(($(date +%s) - t0)) s, status $status"
+exit $status

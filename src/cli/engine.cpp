@@ -143,6 +143,10 @@ std::vector<PhasePlan> Engine::plan_phases(int64_t n_prompt) {
     p.n_tokens = n;
     p.graph = &graph_for(n, false).graph;
     p.placement = scheduler_->plan(*p.graph, r);
+    if (layers_split_) {  // as eval() runs it
+      p.placement =
+          std::make_shared<const Placement>(keep_activations_on_their_gpu(*p.graph, *p.placement));
+    }
     p.predicted_us = scheduler_->predict_us(*p.graph, *p.placement);
     r = residency_after(*p.graph, *p.placement, std::move(r));
     out.push_back(std::move(p));
