@@ -93,6 +93,11 @@ class Backend {
   virtual void copy_from_host(void* device_dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* device_src, size_t bytes) = 0;
   virtual void copy_within(void* device_dst, const void* device_src, size_t bytes) = 0;
+  // Copies this backend's memory into `peer`'s: after the work submitted to either so far, and
+  // before the work submitted to `peer` afterwards. The default goes through host memory.
+  virtual void copy_to_peer(Backend& peer, void* peer_dst, const void* src, size_t bytes);
+  // True where copy_to_peer reaches `peer` directly, without passing through host memory.
+  virtual bool peer_copy_direct(const Backend& /*peer*/) const { return false; }
 
   // Runs one node. Inputs and output are in this backend's memory. May be asynchronous:
   // results are visible after synchronize() (or a copy_to_host, which synchronizes).

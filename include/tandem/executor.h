@@ -73,6 +73,7 @@ struct ExecutorStats {
   size_t plans_built = 0;       // execution plans compiled (cache misses)
   size_t transfers = 0;         // tensor copies between memories, all runs
   size_t transfer_bytes = 0;    // bytes of those copies
+  size_t peer_transfers = 0;    // of those, copies from one device to another (copy_to_peer)
   size_t weight_uploads = 0;    // weights copied to a device (persistent)
   size_t streamed_weights = 0;  // weight copies streamed from host memory, all runs
   size_t streamed_bytes = 0;    // bytes of those copies

@@ -65,6 +65,7 @@ void add_synth(CLI::App& app, std::function<int()>& run) {
     std::string preset = "tiny", type = "f32", out;
     uint64_t seed = 0;
     int threads = 0;
+    int64_t n_layer = 0;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--preset", o->preset, "tiny, small, llama-3.2-1b or llama-3.1-8b")
@@ -72,11 +73,17 @@ void add_synth(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--type", o->type, "Matrix type: f32, f16, q8_0 or q4_0")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Weight seed")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Generator threads (0: all)");
+  cmd->add_option("--n-layer", o->n_layer,
+                  "Layers, instead of the preset's (e.g. 64 for an 8B shape twice as deep)");
   cmd->add_option("-o,--out", o->out, "Output GGUF path")->required();
   cmd->callback([&run, o]() {
     run = [o]() {
       SyntheticSpec spec = synthetic_preset(o->preset, parse_dtype(o->type, "--type"), o->seed);
       spec.threads = o->threads;
+      TANDEM_CHECK_ARG(
+          o->n_layer >= 0 && o->n_layer <= 1024, "--n-layer",
+          "must be in [1, 1024], or 0 for the preset's (got " + std::to_string(o->n_layer) + ")");
+      if (o->n_layer > 0) spec.n_layer = o->n_layer;
       Progress progress("synth " + o->preset, 1000);
       write_synthetic_model(spec, o->out, [&](uint64_t done, uint64_t total) {
         progress.update(total ? done * 1000 / total : 0);

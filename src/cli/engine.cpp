@@ -7,7 +7,9 @@
 #include <sstream>
 
 #include "cli_util.h"
+#include "gpu_setup.h"
 #include "tandem/error.h"
+#include "tandem/layer_split.h"
 #include "tandem/registry.h"
 
 namespace tandem::cli {
@@ -21,6 +23,12 @@ Engine::Engine(const EngineOptions& options)
 
   Strategy strategy = Strategy::parse(options.strategy);
   std::vector<TensorPin> pins = options.pins;
+  BackendOptions backend_options;
+  backend_options.cpu_threads = options.threads;
+  auto backends = available_backends(backend_options);
+  const GpuSetup gpus = setup_gpus(backends, options, strategy, int(config_.n_layer));
+  pins.insert(pins.end(), gpus.pins.begin(), gpus.pins.end());
+  layers_split_ = gpus.layers_split;
   if (options.n_gpu_layers) {
     const int ngl = *options.n_gpu_layers;
     TANDEM_CHECK_ARG(ngl >= 0, "--n-gpu-layers", "must be >= 0 (got " + std::to_string(ngl) + ")");
@@ -34,9 +42,6 @@ Engine::Engine(const EngineOptions& options)
     if (ngl <= int(config_.n_layer)) pins.push_back({"^output(_norm)?\\.weight$", "cpu"});
   }
   strategy_name_ = options.strategy;
-  BackendOptions backend_options;
-  backend_options.cpu_threads = options.threads;
-  auto backends = available_backends(backend_options);
   // A backend named by the strategy or a pin (e.g. "reference") joins even if it is not a
   // default one.
   std::vector<std::string> named;
@@ -60,12 +65,7 @@ Engine::Engine(const EngineOptions& options)
   for (auto& b : backends) builder.with_backend(b);
   builder.strategy(strategy).strict(options.strict).cost_model(costs_.model);
   for (const auto& pin : pins) builder.pin_tensor(pin.pattern, pin.backend_id);
-  if (options.gpu_memory) {
-    for (auto& b : backends) {
-      if (b->kind() == BackendKind::Gpu)
-        builder.memory_budget(b->backend_id(), *options.gpu_memory);
-    }
-  }
+  for (const auto& [id, bytes] : gpus.budgets) builder.memory_budget(id, bytes);
   scheduler_ = std::make_unique<HybridScheduler>(builder.build());
   ExecutorOptions exec_options;
   exec_options.timing = options.timing;
@@ -108,7 +108,14 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
   logits_.resize(size_t(out.elements()));
 
   plan_residency(kPlanPrefillTokens);
-  last_placement_ = scheduler_->plan(lg.graph, executor_->residency());
+  auto planned = scheduler_->plan(lg.graph, executor_->residency());
+  if (!layers_split_) {
+    last_placement_ = planned;
+  } else if (planned != split_planned_) {  // refined once per planned placement
+    split_planned_ = planned;
+    last_placement_ =
+        std::make_shared<const Placement>(keep_activations_on_their_gpu(lg.graph, *planned));
+  }
   last_graph_ = &lg.graph;
   // Plans are cached: an unchanged placement needs no new uploads (keeps this off the per-token
   // path; the walk below scans the residency).
@@ -153,6 +160,10 @@ std::vector<PhasePlan> Engine::plan_phases(int64_t n_prompt) {
     p.n_tokens = n;
     p.graph = &graph_for(n, false).graph;
     p.placement = scheduler_->plan(*p.graph, r);
+    if (layers_split_) {  // as eval() runs it
+      p.placement =
+          std::make_shared<const Placement>(keep_activations_on_their_gpu(*p.graph, *p.placement));
+    }
     p.predicted_us = scheduler_->predict_us(*p.graph, *p.placement);
     r = residency_after(*p.graph, *p.placement, std::move(r));
     out.push_back(std::move(p));

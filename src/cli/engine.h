@@ -26,10 +26,15 @@ inline constexpr int64_t kPlanPrefillTokens = 512;
 
 struct EngineOptions {
   std::string model_path;
-  std::string strategy = "gpu";        // gpu | cpu | auto | only:ID
-  std::optional<uint64_t> gpu_memory;  // persistent-memory budget for every GPU
-  int threads = 0;                     // CPU backend threads (0: physical cores)
-  int64_t n_ctx = 0;                   // KV cache length (0: min(trained, 4096))
+  std::string strategy = "gpu";                      // gpu | cpu | auto | only:ID
+  std::optional<uint64_t> gpu_memory;                // persistent-memory budget for every GPU
+  std::map<std::string, uint64_t> gpu_memory_by_id;  // per GPU ("cuda:1"), over gpu_memory
+  // Several GPUs: the GPU layers split in contiguous ranges, in device order, by these
+  // proportions (llama.cpp --tensor-split; empty: by each GPU's budget or free memory).
+  std::vector<double> tensor_split;
+  bool single_gpu = false;  // --split-mode none: only the first GPU takes part
+  int threads = 0;          // CPU backend threads (0: physical cores)
+  int64_t n_ctx = 0;        // KV cache length (0: min(trained, 4096))
   DType kv_dtype = DType::F16;
   bool strict = false;
   std::vector<TensorPin> pins;  // --override-tensor style pins
@@ -104,6 +109,9 @@ class Engine {
   std::shared_ptr<const Placement> last_placement_;
   const Graph* last_graph_ = nullptr;
   std::shared_ptr<const Placement> uploaded_for_;  // held, so its address cannot be reused
+  // Layers split across GPUs: the scheduler's placement (held) and its refinement in use.
+  bool layers_split_ = false;
+  std::shared_ptr<const Placement> split_planned_;
   std::vector<int32_t> positions_;
   std::vector<float> logits_;
   int64_t n_ctx_ = 0;

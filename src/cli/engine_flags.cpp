@@ -1,6 +1,8 @@
 #include "engine_flags.h"
 
 #include <algorithm>
+#include <cmath>
+#include <exception>
 
 #include "cli_util.h"
 #include "commands_impl.h"
@@ -31,6 +33,66 @@ void check_strict_has_gpu(const std::string& strategy, const EngineOptions& o) {
                   "allow the fallback");
 }
 
+bool is_gpu_id(const std::string& id) {
+  return id.rfind("cuda:", 0) == 0;
+}
+
+// --gpu-mem: "6GiB" for every GPU, "cuda:0=10G,cuda:1=12G" per GPU, or both ("8G,cuda:1=12G").
+void parse_gpu_mem(const std::string& text, EngineOptions& o) {
+  const char* flag = "--gpu-mem";
+  const auto ids = available_backend_ids();
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    start = comma + 1;
+    TANDEM_CHECK_ARG(!item.empty(), flag, "empty entry in '" + text + "'");
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      TANDEM_CHECK_ARG(!o.gpu_memory, flag, "gives the size for every GPU twice ('" + text + "')");
+      o.gpu_memory = parse_size(item, flag);
+      continue;
+    }
+    const std::string id = item.substr(0, eq);
+    TANDEM_CHECK_ARG(is_gpu_id(id), flag,
+                     "'" + id + "' is not a GPU id (expected cuda:N=SIZE, got '" + item + "')");
+    TANDEM_CHECK_ARG(std::find(ids.begin(), ids.end(), id) != ids.end(), flag,
+                     "no GPU '" + id + "' on this machine");
+    TANDEM_CHECK_ARG(o.gpu_memory_by_id.count(id) == 0, flag, "'" + id + "' given twice");
+    o.gpu_memory_by_id[id] = parse_size(item.substr(eq + 1), flag);
+  }
+}
+
+// --tensor-split: proportions separated by ',' or '/' (llama-bench's spelling).
+std::vector<double> parse_tensor_split(const std::string& text) {
+  const char* flag = "--tensor-split";
+  std::vector<double> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t sep = std::min(text.find_first_of(",/", start), text.size());
+    const std::string item = text.substr(start, sep - start);
+    start = sep + 1;
+    size_t used = 0;
+    double v = -1.0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TANDEM_CHECK_ARG(used == item.size() && !item.empty() && std::isfinite(v) && v >= 0.0, flag,
+                     "expected proportions >= 0 such as 3,1 (got '" + text + "')");
+    out.push_back(v);
+  }
+  TANDEM_CHECK_ARG(std::any_of(out.begin(), out.end(), [](double v) { return v > 0.0; }), flag,
+                   "needs a positive proportion (got '" + text + "')");
+  const auto ids = available_backend_ids();
+  const size_t gpus = size_t(std::count_if(ids.begin(), ids.end(), is_gpu_id));
+  TANDEM_CHECK_ARG(
+      out.size() <= std::max<size_t>(gpus, 1), flag,
+      "gives " + std::to_string(out.size()) + " proportions for " + std::to_string(gpus) + " GPUs");
+  return out;
+}
+
 }  // namespace
 
 void EngineFlags::add(CLI::App& cmd, bool model_required, bool list_of_ngl) {
@@ -38,8 +100,16 @@ void EngineFlags::add(CLI::App& cmd, bool model_required, bool list_of_ngl) {
   auto* m = cmd.add_option("-m,--model", model, "GGUF model file");
   if (model_required) m->required();
   cmd.add_option("--gpu-mem", gpu_mem,
-                 "Memory each GPU may hold for weights and KV cache (e.g. 6GiB); the rest runs "
-                 "on the CPU");
+                 "Memory each GPU may hold for weights and KV cache (e.g. 6GiB, or per GPU "
+                 "cuda:0=10G,cuda:1=12G); the rest runs on the CPU");
+  cmd.add_option("--tensor-split", tensor_split,
+                 "-ts: several GPUs: proportions of the layers per GPU, in device order (e.g. 3,1 "
+                 "or 3/1); default: by each GPU's --gpu-mem or free memory");
+  cmd.add_option(
+         "--split-mode", split_mode,
+         "-sm: several GPUs: layer (contiguous layer ranges per GPU) or none (the first GPU "
+         "only); row is not supported")
+      ->capture_default_str();
   cmd.add_option("-t,--threads", threads, "CPU threads (0: physical cores)");
   auto* ngl = cmd.add_option("--n-gpu-layers,--ngl", n_gpu_layers,
                              std::string("-ngl N, like llama.cpp: layers >= N, the embedding and "
@@ -97,7 +167,15 @@ EngineOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_in
   o.kv_dtype = parse_dtype(kv_type, "--kv-type");
   TANDEM_CHECK_ARG(o.kv_dtype == DType::F16 || o.kv_dtype == DType::F32, "--kv-type",
                    "must be f16 or f32 (got " + kv_type + ")");
-  if (!gpu_mem.empty()) o.gpu_memory = parse_size(gpu_mem, "--gpu-mem");
+  if (!gpu_mem.empty()) parse_gpu_mem(gpu_mem, o);
+  TANDEM_CHECK_ARG(
+      split_mode == "layer" || split_mode == "none", "--split-mode",
+      "'" + split_mode + "' is not supported: use layer (layer ranges per GPU) or none (one GPU)" +
+          (split_mode == "row" ? "; rows of one matrix across GPUs are not split" : ""));
+  o.single_gpu = split_mode == "none";
+  if (!tensor_split.empty()) o.tensor_split = parse_tensor_split(tensor_split);
+  TANDEM_CHECK_ARG(!o.single_gpu || o.tensor_split.empty(), "--tensor-split",
+                   "has no effect with --split-mode none (one GPU)");
   if (!placement.empty()) {
     TANDEM_CHECK_ARG(n_gpu_layers.empty(), "--placement",
                      "a saved placement holds its own pins; drop --n-gpu-layers");

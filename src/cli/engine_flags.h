@@ -13,7 +13,9 @@ namespace tandem::cli {
 
 struct EngineFlags {
   std::string model;
-  std::string gpu_mem;
+  std::string gpu_mem;       // "6GiB" for every GPU, or "cuda:0=10G,cuda:1=12G"
+  std::string tensor_split;  // "3,1" (or 3/1): proportions of layers per GPU
+  std::string split_mode = "layer";
   std::vector<std::string> overrides;  // "pattern=backend"
   std::string kv_type = "f16";
   std::string flash_attn;  // "" (not given), on, 1, true, auto; off is refused

@@ -17,8 +17,11 @@ int main(int argc, char** argv) {
   std::function<int()> run;
   tandem::cli::add_commands(app, run);
   // llama.cpp spells some flags with one dash and several letters; CLI11 wants two dashes.
-  const std::pair<const char*, const char*> llama_spellings[] = {
-      {"-ngl", "--ngl"}, {"-fa", "--flash-attn"}, {"-ot", "--override-tensor"}};
+  const std::pair<const char*, const char*> llama_spellings[] = {{"-ngl", "--ngl"},
+                                                                 {"-fa", "--flash-attn"},
+                                                                 {"-ot", "--override-tensor"},
+                                                                 {"-ts", "--tensor-split"},
+                                                                 {"-sm", "--split-mode"}};
   for (int i = 1; i < argc; ++i) {
     for (const auto& [llama, ours] : llama_spellings) {
       if (std::string(argv[i]) == llama) argv[i] = const_cast<char*>(ours);

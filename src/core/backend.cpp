@@ -137,6 +137,14 @@ void Backend::execute_segment(const Graph& graph, std::span<const NodeExecution>
   for (const NodeExecution& exec : segment) execute(graph, exec);
 }
 
+void Backend::copy_to_peer(Backend& peer, void* peer_dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  // copy_to_host waits for this backend's work; copy_from_host has read the source on return.
+  std::vector<uint8_t> host(bytes);
+  copy_to_host(host.data(), src, bytes);
+  peer.copy_from_host(peer_dst, host.data(), bytes);
+}
+
 void Backend::stream_from_host(void* device_dst, const void* host_src, size_t bytes,
                                int /*event*/) {
   copy_from_host(device_dst, host_src, bytes);

@@ -389,17 +389,17 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
       t.src_group = sg;
       t.src_backend = sg == 0 ? -1 : group_backend[size_t(sg)];
       t.src = ptr[size_t(s) * G + size_t(sg)];
-      if (sg != 0 && g != 0) {
-        t.staging_offset = staging;
-        staging += align_up(t.bytes, kSlotAlignment);
-      }
     }
     // The copy runs before the segment, so the slot is live from the segment's start.
     here = PtrRef{new_slot(g, t.bytes, seg_start, last[size_t(s)]), nullptr, 0};
     t.dst = here;
     const int link_backend = g != 0 ? b : t.src_backend;
     if (link_backend >= 0) {
-      int hops = (t.src_group > 0 && g != 0) ? 2 : 1;
+      // Between devices: one hop peer to peer, two through host memory.
+      int hops = 1;
+      if (t.src_group > 0 && g != 0) {
+        hops = backends[size_t(t.src_backend)]->peer_copy_direct(*backends[size_t(b)]) ? 1 : 2;
+      }
       t.estimated_us = CostModel::transfer_us(t.bytes, profiles[size_t(link_backend)].link, hops);
     }
     valid[size_t(s)] |= 1ull << g;

@@ -355,7 +355,7 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
     }
   };
   const double run_start = m.telemetry.now_us();
-  size_t transfer_bytes = 0, transfers = 0, streamed_bytes = 0;
+  size_t transfer_bytes = 0, transfers = 0, peer_transfers = 0, streamed_bytes = 0;
   // TimingMode::Timeline: device marks around each segment and after each streamed copy, read
   // once everything has finished. `event` indexes the ExecutionEvent the marks fill in.
   const bool timeline = timing == TimingMode::Timeline && record;
@@ -421,9 +421,9 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
         } else {
           Backend& dst = *m.backends[size_t(t.dst_backend)];
           if (t.src_group > 0) {
-            uint8_t* stage = plan.staging.data() + t.staging_offset;
-            m.backends[size_t(t.src_backend)]->copy_to_host(stage, src, t.bytes);
-            dst.copy_from_host(t.dst_ptr, stage, t.bytes);
+            m.backends[size_t(t.src_backend)]->copy_to_peer(dst, t.dst_ptr, src, t.bytes);
+            dirty[size_t(t.src_backend)] = true;
+            ++peer_transfers;
           } else {
             dst.copy_from_host(t.dst_ptr, src, t.bytes);
           }
@@ -549,6 +549,7 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
   }
   m.stats.runs++;
   m.stats.transfers += transfers;
+  m.stats.peer_transfers += peer_transfers;
   m.stats.transfer_bytes += transfer_bytes;
   m.stats.streamed_weights += plan.streamed.size();
   m.stats.streamed_bytes += streamed_bytes;

@@ -55,7 +55,6 @@ struct PlannedTransfer {
   PtrRef src, dst;
   size_t bytes = 0;
   size_t input_index = 0;  // kUserInput: index in ExecPlan::inputs
-  size_t staging_offset = 0;
   double estimated_us = 0.0;
   void* src_ptr = nullptr;
   void* dst_ptr = nullptr;

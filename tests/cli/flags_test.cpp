@@ -48,6 +48,29 @@ TEST(Flags, FlashAttentionIsAcceptedAndOffIsRefused) {
   EXPECT_NE(r.out.find("always fused"), std::string::npos) << r.out;
 }
 
+TEST(Flags, MultiGpuFlagsAreCheckedBeforeLoading) {
+  const std::string& m = tiny_model();
+  const std::string run = "run -m " + m + " -p hi -n 1 --strategy cpu ";
+  expect_refused(run + "-sm row", "--split-mode");
+  expect_refused(run + "--split-mode rows", "--split-mode");
+  expect_refused(run + "-ts 1,-1", "--tensor-split");
+  expect_refused(run + "-ts one", "--tensor-split");
+  expect_refused(run + "-ts 0,0", "--tensor-split");
+  expect_refused(run + "-ts 1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "--tensor-split");
+  expect_refused(run + "-sm none -ts 1", "--tensor-split");
+  expect_refused(run + "--gpu-mem cuda:63=1G", "--gpu-mem");
+  expect_refused(run + "--gpu-mem cpu=1G", "--gpu-mem");
+  expect_refused(run + "--gpu-mem 1G,2G", "--gpu-mem");
+  expect_refused(run + "--gpu-mem cuda:0=lots", "--gpu-mem");
+  // Accepted everywhere: one proportion (llama.cpp's meaning with a single device), one GPU.
+  for (std::string ok : {"-ts 1", "--tensor-split 2", "-sm none", "-sm layer", "--gpu-mem 1G"}) {
+    Result r = tandem(run + ok);
+    EXPECT_EQ(r.code, 0) << ok << ": " << r.err;
+  }
+  Result r = tandem("bench -m " + m + " -p 8 -n 0 -r 1 --strategy cpu -ts 1 -sm layer");
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 TEST(Flags, EscapeProcessesThePromptLikeLlamaCpp) {
   using tandem::cli::process_escapes;
   EXPECT_EQ(process_escapes("a\\nb\\tc\\rd"), "a\nb\tc\rd");

@@ -2,6 +2,7 @@
 // device-lost marking and CUDA graph capture/replay.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -60,6 +61,42 @@ TEST(CudaDevice, CopiesRoundTripSmallAndLarge) {
     backend->copy_to_host(back.data(), b.data(), bytes);
     EXPECT_EQ(src, back) << bytes << " bytes";
   }
+}
+
+TEST(CudaDevice, PeerCopiesBetweenTwoGpusAreOrderedWithBothStreams) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA GPUs, " << cuda_device_count();
+  auto gpu0 = create_backend("cuda:0"), gpu1 = create_backend("cuda:1");
+  std::printf("[ measured ] peer access cuda:0 -> cuda:1: %s\n",
+              gpu0->peer_copy_direct(*gpu1) ? "direct" : "through host memory");
+  for (size_t bytes : {size_t(1), size_t(4096) + 3, size_t(40) << 20}) {
+    std::vector<uint8_t> src(bytes), later(bytes), back(bytes, 0), back0(bytes, 0);
+    for (size_t i = 0; i < bytes; ++i) {
+      src[i] = uint8_t((i * 131 + test_seed()) & 0xff);
+      later[i] = uint8_t(~src[i]);
+    }
+    Buffer a = gpu0->allocate(bytes), b = gpu1->allocate(bytes), c = gpu0->allocate(bytes);
+    // No synchronize in between: the copy must wait for the upload, and the overwrite of the
+    // source after it must wait for the copy.
+    gpu0->copy_from_host(a.data(), src.data(), bytes);
+    gpu0->copy_to_peer(*gpu1, b.data(), a.data(), bytes);
+    gpu0->copy_from_host(a.data(), later.data(), bytes);
+    gpu1->copy_to_host(back.data(), b.data(), bytes);
+    EXPECT_EQ(src, back) << bytes << " bytes cuda:0 -> cuda:1";
+    gpu1->copy_to_peer(*gpu0, c.data(), b.data(), bytes);
+    gpu0->copy_to_host(back0.data(), c.data(), bytes);
+    EXPECT_EQ(src, back0) << bytes << " bytes cuda:1 -> cuda:0";
+    gpu0->synchronize();
+    gpu1->synchronize();
+  }
+  const size_t bytes = size_t(512) << 20;
+  Buffer a = gpu0->allocate(bytes), b = gpu1->allocate(bytes);
+  gpu0->copy_to_peer(*gpu1, b.data(), a.data(), bytes);  // warm-up
+  gpu1->synchronize();
+  gpu0->timer_start();
+  gpu0->copy_to_peer(*gpu1, b.data(), a.data(), bytes);
+  const double us = gpu0->timer_stop_us();
+  gpu1->synchronize();
+  std::printf("[ measured ] peer copy cuda:0 -> cuda:1: %.1f GB/s (512 MiB)\n", bytes / us / 1e3);
 }
 
 TEST(CudaDevice, FreedBlocksAreCachedAndReused) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -23,6 +24,9 @@ class TestBackend : public HostBackend {
     std::vector<std::string> features;
     std::vector<OpCapability> capabilities = ReferenceBackend::reference_capabilities();
     size_t free_bytes = size_t(64) << 30;
+    // Devices with the same non-empty peer group copy to each other directly (copy_to_peer
+    // without host memory), as GPUs with peer access do.
+    std::string peer_group;
   };
   explicit TestBackend(Config c) : HostBackend(c.id), config_(std::move(c)) {
     features_ = config_.features;
@@ -68,6 +72,19 @@ class TestBackend : public HostBackend {
     ++copies_out;
     HostBackend::copy_to_host(dst, src, bytes);
   }
+  bool peer_copy_direct(const Backend& peer) const override {
+    const auto* other = dynamic_cast<const TestBackend*>(&peer);
+    return other && !config_.peer_group.empty() && other->config_.peer_group == config_.peer_group;
+  }
+  void copy_to_peer(Backend& peer, void* peer_dst, const void* src, size_t bytes) override {
+    ++peer_copies_out;
+    if (!peer_copy_direct(peer)) {
+      Backend::copy_to_peer(peer, peer_dst, src, bytes);
+      return;
+    }
+    ++direct_copies_out;
+    std::memcpy(peer_dst, src, bytes);
+  }
 
   void set_lost(bool lost) { lost_ = lost; }
   int fail_on_op = -1;  // an OpKind that throws when executed
@@ -75,6 +92,8 @@ class TestBackend : public HostBackend {
   int executed = 0;
   int copies_in = 0;
   int copies_out = 0;
+  int peer_copies_out = 0;    // copy_to_peer calls with this backend as the source
+  int direct_copies_out = 0;  // ... of which went directly, without host memory
   std::vector<uint64_t> segment_signatures;
   std::vector<std::vector<const void*>> segment_pointers;
   static inline std::atomic<int> live_buffers{0};
@@ -102,12 +121,14 @@ inline std::shared_ptr<TestBackend> make_cpu(
 // A "GPU": kind Gpu, its memory is off limits to the executor (copies go through the API).
 inline std::shared_ptr<TestBackend> make_gpu(
     std::string id = "gpu",
-    std::vector<OpCapability> caps = ReferenceBackend::reference_capabilities()) {
+    std::vector<OpCapability> caps = ReferenceBackend::reference_capabilities(),
+    std::string peer_group = "") {
   TestBackend::Config c;
   c.id = std::move(id);
   c.kind = BackendKind::Gpu;
   c.host_accessible = false;
   c.capabilities = std::move(caps);
+  c.peer_group = std::move(peer_group);
   return std::make_shared<TestBackend>(c);
 }
 

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "tandem/error.h"
 #include "tandem/hash.h"
@@ -58,6 +59,9 @@ CudaBackend::CudaBackend(int device) : allocator_(state_) {
     for (cudaEvent_t& e : stream_events_) {
       TANDEM_CUDA_CHECK(s, "init", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
+    TANDEM_CUDA_CHECK(s, "init", cudaStreamCreateWithFlags(&peer_stream_, cudaStreamNonBlocking));
+    TANDEM_CUDA_CHECK(s, "init", cudaEventCreateWithFlags(&peer_ready_, cudaEventDisableTiming));
+    TANDEM_CUDA_CHECK(s, "init", cudaEventCreateWithFlags(&peer_done_, cudaEventDisableTiming));
     TANDEM_CUDA_CHECK(s, "init", cudaEventCreate(&timer_begin_));
     TANDEM_CUDA_CHECK(s, "init", cudaEventCreate(&timer_end_));
   } catch (...) {
@@ -74,7 +78,11 @@ void CudaBackend::release() {
   (void)cudaSetDevice(state_.device);
   if (stream_ && !state_.lost) (void)cudaStreamSynchronize(stream_);
   if (copy_stream_ && !state_.lost) (void)cudaStreamSynchronize(copy_stream_);
+  if (peer_stream_ && !state_.lost) (void)cudaStreamSynchronize(peer_stream_);
   clear_graphs();
+  if (peer_ready_) (void)cudaEventDestroy(std::exchange(peer_ready_, nullptr));
+  if (peer_done_) (void)cudaEventDestroy(std::exchange(peer_done_, nullptr));
+  if (peer_stream_) (void)cudaStreamDestroy(std::exchange(peer_stream_, nullptr));
   free_ring(bounce_);
   for (cudaEvent_t& e : stream_events_) {
     if (e) (void)cudaEventDestroy(std::exchange(e, nullptr));
@@ -211,6 +219,70 @@ void CudaBackend::copy_within(void* device_dst, const void* device_src, size_t b
   TANDEM_CUDA_CHECK(
       state_, "copy_within",
       cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+bool CudaBackend::peer_copy_direct(const Backend& peer) const {
+  const auto* other = dynamic_cast<const CudaBackend*>(&peer);
+  if (!other || state_.lost || other->lost()) return false;
+  int can = 0;
+  if (cudaDeviceCanAccessPeer(&can, state_.device, other->device()) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return can != 0;
+}
+
+void CudaBackend::enable_peer_access(const CudaBackend& peer) {
+  int n = 0;
+  TANDEM_CUDA_CHECK(state_, "copy_to_peer", cudaGetDeviceCount(&n));
+  peer_access_.resize(size_t(n), -1);
+  int8_t& access = peer_access_.at(size_t(peer.device()));
+  if (access >= 0) return;
+  access = 0;
+  if (!peer_copy_direct(peer)) return;
+  for (auto [from, to] :
+       {std::pair{state_.device, peer.device()}, {peer.device(), state_.device}}) {
+    TANDEM_CUDA_CHECK(state_, "copy_to_peer", cudaSetDevice(from));
+    const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();
+    } else {
+      TANDEM_CUDA_CHECK(state_, "copy_to_peer", err);
+    }
+  }
+  TANDEM_CUDA_CHECK(state_, "copy_to_peer", cudaSetDevice(state_.device));
+  access = 1;
+}
+
+void CudaBackend::copy_to_peer(Backend& peer, void* peer_dst, const void* src, size_t bytes) {
+  auto* other = dynamic_cast<CudaBackend*>(&peer);
+  if (!other) {
+    Backend::copy_to_peer(peer, peer_dst, src, bytes);
+    return;
+  }
+  std::scoped_lock lock(mutex_, other->mutex_);
+  other->check_alive("copy_to_peer");
+  check_alive("copy_to_peer");
+  if (bytes == 0) return;
+  enable_peer_access(*other);
+  // The copy waits for the source's producers and the destination's previous readers, both
+  // queued on the execution streams; the destination's later work waits for the copy.
+  TANDEM_CUDA_CHECK(other->state_, "copy_to_peer", cudaSetDevice(other->state_.device));
+  TANDEM_CUDA_CHECK(other->state_, "copy_to_peer",
+                    cudaEventRecord(other->peer_ready_, other->stream_));
+  activate();
+  TANDEM_CUDA_CHECK(state_, "copy_to_peer", cudaEventRecord(peer_ready_, stream_));
+  TANDEM_CUDA_CHECK(state_, "copy_to_peer", cudaStreamWaitEvent(peer_stream_, peer_ready_));
+  TANDEM_CUDA_CHECK(state_, "copy_to_peer", cudaStreamWaitEvent(peer_stream_, other->peer_ready_));
+  TANDEM_CUDA_CHECK(
+      state_, "copy_to_peer",
+      cudaMemcpyPeerAsync(peer_dst, other->state_.device, src, state_.device, bytes, peer_stream_));
+  TANDEM_CUDA_CHECK(state_, "copy_to_peer", cudaEventRecord(peer_done_, peer_stream_));
+  // Later work here may overwrite the source (arena reuse): it waits for the copy too.
+  TANDEM_CUDA_CHECK(state_, "copy_to_peer", cudaStreamWaitEvent(stream_, peer_done_));
+  TANDEM_CUDA_CHECK(other->state_, "copy_to_peer", cudaSetDevice(other->state_.device));
+  TANDEM_CUDA_CHECK(other->state_, "copy_to_peer", cudaStreamWaitEvent(other->stream_, peer_done_));
+  activate();
 }
 
 cuda::OpContext CudaBackend::op_context() const {
@@ -354,6 +426,7 @@ void CudaBackend::synchronize() {
   check_alive("synchronize");
   TANDEM_CUDA_CHECK(state_, "synchronize", cudaStreamSynchronize(stream_));
   TANDEM_CUDA_CHECK(state_, "synchronize", cudaStreamSynchronize(copy_stream_));
+  TANDEM_CUDA_CHECK(state_, "synchronize", cudaStreamSynchronize(peer_stream_));
   check_device_errors();
 }
 

@@ -39,6 +39,11 @@ class CudaBackend final : public Backend {
   void copy_from_host(void* device_dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
   void copy_within(void* device_dst, const void* device_src, size_t bytes) override;
+  // To another CudaBackend: cudaMemcpyPeerAsync on peer_stream_, ordered by events with both
+  // devices' execution streams (peer access enabled where the topology allows it; elsewhere
+  // the driver stages the copy through host memory). Other backends: through host memory.
+  void copy_to_peer(Backend& peer, void* peer_dst, const void* src, size_t bytes) override;
+  bool peer_copy_direct(const Backend& peer) const override;
 
   void execute(const Graph& graph, const NodeExecution& exec) override;
   // Captures the segment into a CUDA graph on first sight of (signature, pointers) and replays
@@ -90,6 +95,8 @@ class CudaBackend final : public Backend {
   void check_device_errors();
   void clear_graphs();
   const void* pinned_source(const void* data, size_t bytes);
+  // Enables peer access both ways with `peer` once, where the devices allow it.
+  void enable_peer_access(const CudaBackend& peer);
 
   cuda::DeviceState state_;
   int sm_count_ = 1;
@@ -125,6 +132,11 @@ class CudaBackend final : public Backend {
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t compute_mark_ = nullptr;  // recorded on stream_ before each streamed copy
   cudaEvent_t stream_events_[kStreamEvents] = {};
+  // Copies to other GPUs: their own stream, so they overlap execution and streamed weights.
+  cudaStream_t peer_stream_ = nullptr;
+  cudaEvent_t peer_ready_ = nullptr;  // recorded on stream_: the source's producers are queued
+  cudaEvent_t peer_done_ = nullptr;   // recorded on peer_stream_: the copy is queued
+  std::vector<int8_t> peer_access_;   // per device: -1 not yet asked, 0 no, 1 enabled
   // Page-locked copies of host memory streamed every run, by source address (registering a
   // mapped model file in place was far slower than copying it: bench/NOTES.md).
   struct PinnedCopy {

@@ -1,0 +1,39 @@
+// Layers split across devices in contiguous ranges, as llama.cpp's --split-mode layer with
+// --tensor-split: the hand control of a multi-GPU placement, and a building block for the
+// automatic one.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tandem/scheduler.h"
+
+namespace tandem {
+
+// Layers [begin, end) of one device; empty when begin == end.
+struct LayerRange {
+  int begin = 0;
+  int end = 0;
+  int size() const { return end - begin; }
+};
+
+// Splits layers [0, n_layers) into one contiguous range per proportion, in order, as llama.cpp
+// does: layer l goes to the first device whose cumulative share exceeds l / n_layers. A zero
+// proportion gets an empty range. Throws InvalidArgument for a negative or non-finite
+// proportion, or when none is positive.
+std::vector<LayerRange> split_layers(int n_layers, std::span<const double> proportions);
+
+// Pins that keep each range's weights ("blk.L.*") and KV caches ("cache_k.L", "cache_v.L") on
+// its backend; ranges[i] goes to backend_ids[i], empty ranges give no pin.
+std::vector<TensorPin> layer_range_pins(std::span<const LayerRange> ranges,
+                                        std::span<const std::string> backend_ids);
+
+// The placement with each op that reads no weight or KV cache (a residual add, a RoPE, an
+// activation) moved from the GPU it was given to the GPU that produced its latest computed
+// input, when that one can run it: with layers split across GPUs, the hidden state then
+// crosses once per split point instead of bouncing back to the first GPU at every such op.
+// Ops on host backends, and ops whose inputs come from host backends, stay where they are.
+Placement keep_activations_on_their_gpu(const Graph& graph, const Placement& placement);
+
+}  // namespace tandem

@@ -1,0 +1,27 @@
+// The multi-GPU part of an engine's setup: which GPUs take part (--split-mode), the budget of
+// each (--gpu-mem) and, with several, the pins that split the GPU layers across them
+// (--tensor-split, -ngl).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine.h"
+
+namespace tandem::cli {
+
+struct GpuSetup {
+  std::vector<TensorPin> pins;                            // layer ranges and the output layer
+  std::vector<std::pair<std::string, uint64_t>> budgets;  // per GPU id
+  bool layers_split = false;  // placements go through keep_activations_on_their_gpu
+};
+
+// Drops the GPUs that take no part from `backends` (--split-mode none keeps the first) and
+// returns the budgets and pins for the others. Throws InvalidArgument naming the flag at fault.
+GpuSetup setup_gpus(std::vector<std::shared_ptr<Backend>>& backends, const EngineOptions& options,
+                    const Strategy& strategy, int n_layer);
+
+}  // namespace tandem::cli
