@@ -244,9 +244,9 @@ class HybridScheduler {
   const ResidencyPlan& plan_residency(std::span<const Graph* const> phases,
                                       const Residency& residency = {});
   const ResidencyPlan* residency_plan() const;  // nullptr before one is made
-  // The cost model's step time of a placement (the objective auto's search minimizes): every
-  // op's compute, each activation copy once, the part of a streamed weight's copy its op does
-  // not hide. `plan` and `tune` print it beside what they measure.
+  // The cost model's step time of a placement on a timeline: every op's compute, each
+  // activation copy once, streamed weights copied back to back on the copy queue from the start
+  // of the step (an op waits for its own). `plan` and `tune` print it beside what they measure.
   double predict_us(const Graph& graph, const Placement& placement) const;
   // The decision plan() makes for one node (in the context of the graph before it).
   BackendSelection select_backend(const Graph& graph, const Node& node,

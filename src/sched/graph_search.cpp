@@ -264,8 +264,35 @@ class ExecutionSearch {
       e = en.prev;
     }
     out.cost_us = best_cost;
+    out.timeline_us = timeline(out.backend);
     out.ok = true;
     return out;
+  }
+
+  // The assignment on a timeline: the copy queue streams weights back to back from the start,
+  // an op starts when the previous op is done and its streamed weights have arrived.
+  double timeline(std::span<const int> backend) const {
+    std::vector<uint8_t> masks = initial(), next;
+    double t = 0.0, queue = 0.0;
+    for (size_t k = 0; k < steps_.size(); ++k) {
+      const Step& st = steps_[k];
+      const size_t b = size_t(backend[size_t(st.node)]);
+      const int gb = c_.group[b];
+      double work = st.compute_us[b];
+      for (TensorId s : st.acts)
+        work += move_us(masks[index_in(k, s)], gb, b, g_.tensor(s).bytes());
+      if (gb != 0) {
+        for (TensorId w : st.weights) {
+          if (weight_mask_[size_t(w)] & group_bit(gb)) continue;
+          queue += CostModel::stream_us(g_.tensor(w).bytes(), c_.profiles[b].link);
+          t = std::max(t, queue);
+        }
+      }
+      t += work;
+      advance(k, b, masks, next);
+      masks.swap(next);
+    }
+    return t + final_us(masks, steps_.size());
   }
 
   double evaluate(std::span<const int> backend) const {
@@ -421,6 +448,16 @@ double evaluate_execution(const PlannerConfig& config, const Graph& graph,
   ExecutionSearch s(config, graph);
   s.set_homes(homes, check_memory);
   return s.evaluate(backend);
+}
+
+double timeline_execution(const PlannerConfig& config, const Graph& graph,
+                          const ResidencyHomes& homes, std::span<const int> backend) {
+  TANDEM_CHECK_ARG(backend.size() == graph.size(), "timeline_execution",
+                   "needs one backend per node");
+  ExecutionSearch s(config, graph);
+  s.set_homes(homes, false);
+  if (!std::isfinite(s.evaluate(backend))) return kInf;
+  return s.timeline(backend);
 }
 
 ResidencyHomes homes_of(const PlannerConfig& config, const ResidencyPlan& plan) {
@@ -590,7 +627,7 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
     for (size_t p = 0; p < phases.size(); ++p) {
       searches[p].set_homes(o.homes, false);
       ExecutionChoice ec = searches[p].run();
-      cand.phase_us.push_back(ec.ok ? ec.cost_us : kInf);
+      cand.phase_us.push_back(ec.ok ? ec.timeline_us : kInf);
       best[p] = std::min(best[p], cand.phase_us.back());
     }
     plan.candidates.push_back(std::move(cand));

@@ -33,7 +33,11 @@ using ResidencyHomes = std::unordered_map<std::string, int>;
 // The execution search's answer for one graph.
 struct ExecutionChoice {
   std::vector<int> backend;  // per node: the backend that runs it (kNoBackend: leaf, metadata)
-  double cost_us = 0.0;      // the cost model's step time for this assignment
+  double cost_us = 0.0;      // the objective: per-op costs summed (what the search minimizes)
+  // The same assignment on a timeline: streamed copies run ahead on the copy queue from the
+  // start of the step, and an op that reads one waits for it; what residency candidates are
+  // scored by (a host layer at the start of a prefill stalls it, one at the end does not).
+  double timeline_us = 0.0;
   bool ok = false;
   bool exact = true;    // false when the state cap pruned states
   std::string failure;  // !ok: the first node no candidate could run, and why
@@ -53,6 +57,10 @@ ExecutionChoice search_execution(const PlannerConfig& config, const Graph& graph
 double evaluate_execution(const PlannerConfig& config, const Graph& graph,
                           const ResidencyHomes& homes, std::span<const int> backend,
                           bool check_memory = false);
+
+// The same assignment's timeline (ExecutionChoice::timeline_us): what plan and tune predict.
+double timeline_execution(const PlannerConfig& config, const Graph& graph,
+                          const ResidencyHomes& homes, std::span<const int> backend);
 
 // The residency search over `phases` (graphs over the same weights and caches).
 ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Graph* const> phases,

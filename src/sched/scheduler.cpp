@@ -351,7 +351,7 @@ std::shared_ptr<const Placement> HybridScheduler::plan(const Graph& graph,
     SearchedPlacement sp;
     sp.backend = std::move(choice.backend);
     sp.homes = impl_->homes;
-    sp.predicted_us = choice.cost_us;
+    sp.predicted_us = choice.timeline_us;
     sp.residency_why = impl_->residency_plan->why;
     placement = std::make_shared<Placement>(plan_graph(*impl_->config, graph, residency, &sp));
   } else {
@@ -409,7 +409,7 @@ double HybridScheduler::predict_us(const Graph& graph, const Placement& placemen
       homes[graph.tensor(n.id).name] = backend_index(id);
     }
   }
-  return evaluate_execution(*impl_->config, graph, homes, backend, false);
+  return timeline_execution(*impl_->config, graph, homes, backend);
 }
 
 const ResidencyPlan* HybridScheduler::residency_plan() const {

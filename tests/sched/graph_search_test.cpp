@@ -256,6 +256,18 @@ TEST(GraphSearch, ABudgetForOneLayerKeepsAWholeLayerResidentAndStreamsTheRest) {
   }
   EXPECT_EQ(layers_on_gpu, 1) << rp.why;
   EXPECT_GT(rp.candidates.size(), 2u);
+  // On a timeline the first layer resident lets the copy queue stream the others while it
+  // computes; the last layer resident makes the prefill wait for the first copy.
+  const ResidencyPlan::Candidate *first = nullptr, *last = nullptr;
+  for (const auto& c : rp.candidates) {
+    if (c.name.rfind("layers 0,", 0) == 0 || c.name.rfind("layers 0 ", 0) == 0 ||
+        c.name == "layers 0, KV with layers")
+      first = &c;
+    if (c.name.rfind("layers 3,", 0) == 0) last = &c;
+  }
+  ASSERT_TRUE(first && last) << rp.why;
+  EXPECT_LT(first->phase_us[0], last->phase_us[0]);
+  EXPECT_TRUE(rp.home.count("blk.0.a")) << rp.why;
   for (const auto& c : rp.candidates) {
     ASSERT_EQ(c.phase_us.size(), 2u);
     EXPECT_LE(rp.best()->score, c.score);
