@@ -11,6 +11,10 @@
 
 namespace tandem {
 
+// The layer a persistent tensor belongs to: its first dot-separated component made of digits
+// ("blk.12.attn_q.weight", "cache_k.12", "cache.12.k" -> 12), or -1.
+int layer_of(const std::string& name);
+
 // Layers [begin, end) of one device; empty when begin == end.
 struct LayerRange {
   int begin = 0;

@@ -19,24 +19,11 @@
 #include "engine_flags.h"
 #include "tandem/bytes.h"
 #include "tandem/error.h"
+#include "tandem/layer_split.h"
 
 namespace tandem::cli {
 
 namespace {
-
-// The first dot-separated all-digit component of a name ("blk.7.ffn_up.weight" -> 7), or -1.
-int layer_of(const std::string& name) {
-  size_t start = 0;
-  while (start < name.size()) {
-    size_t end = name.find('.', start);
-    if (end == std::string::npos) end = name.size();
-    bool digits = end > start && end - start < 9;
-    for (size_t i = start; digits && i < end; ++i) digits = name[i] >= '0' && name[i] <= '9';
-    if (digits) return std::stoi(name.substr(start, end - start));
-    start = end + 1;
-  }
-  return -1;
-}
 
 // The tensor classes a layer row shows.
 const char* class_of(const std::string& name, bool cache) {

@@ -139,6 +139,8 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
 }
 
 void Engine::plan_residency(int64_t n_prompt) {
+  if (residency_planned_) return;
+  residency_planned_ = true;
   if (scheduler_->strategy().kind != Strategy::Kind::Automatic || scheduler_->residency_plan())
     return;
   // Where weights and KV caches live is decided once, for prefill and decode together.

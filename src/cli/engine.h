@@ -118,6 +118,7 @@ class Engine {
   int64_t n_past_ = 0;
   DType kv_dtype_ = DType::F16;
   std::string strategy_name_;
+  bool residency_planned_ = false;  // auto: plan_residency ran (kept off the per-token path)
   LoadedCostModel costs_;
   bool learn_ = false;
   int learn_every_ = 0;

@@ -9,6 +9,7 @@
 
 #include "tandem/bytes.h"
 #include "tandem/error.h"
+#include "tandem/layer_split.h"
 
 namespace tandem {
 
@@ -336,23 +337,6 @@ class ExecutionSearch {
 };
 
 // ---- residency ----
-
-// The layer a persistent tensor belongs to: its first dot-separated component made of digits
-// ("blk.12.attn_q.weight", "cache_k.12", "cache.12.k" -> 12), or -1.
-int layer_of(const std::string& name) {
-  size_t start = 0;
-  while (start <= name.size()) {
-    size_t end = name.find('.', start);
-    if (end == std::string::npos) end = name.size();
-    if (end > start && end - start < 9 &&
-        std::all_of(name.begin() + long(start), name.begin() + long(end),
-                    [](char ch) { return ch >= '0' && ch <= '9'; })) {
-      return std::stoi(name.substr(start, end - start));
-    }
-    start = end + 1;
-  }
-  return -1;
-}
 
 struct Unit {
   std::string label;

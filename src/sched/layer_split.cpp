@@ -8,6 +8,21 @@
 
 namespace tandem {
 
+int layer_of(const std::string& name) {
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t end = name.find('.', start);
+    if (end == std::string::npos) end = name.size();
+    if (end > start && end - start < 9 &&
+        std::all_of(name.begin() + long(start), name.begin() + long(end),
+                    [](char ch) { return ch >= '0' && ch <= '9'; })) {
+      return std::stoi(name.substr(start, end - start));
+    }
+    start = end + 1;
+  }
+  return -1;
+}
+
 std::vector<LayerRange> split_layers(int n_layers, std::span<const double> proportions) {
   const char* where = "split_layers";
   TANDEM_CHECK_ARG(n_layers >= 0, where,
