@@ -11,23 +11,8 @@ set -u
 OUT=${OUT:-/tmp/tandem_calibrate}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-source scripts/env.sh
-if [[ -f .gpu-tools/gpu-deps-debian12.tar.xz && ! -d /tmp/deps ]]; then
-  tar -xJf .gpu-tools/gpu-deps-debian12.tar.xz -C /tmp
-fi
-if [[ -d /tmp/deps ]]; then
-  export LD_LIBRARY_PATH=/tmp/deps/lib:/tmp/deps/lib/x86_64-linux-gnu
-fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+source scripts/gpu_build.sh tandem
 B=build/gpu/bin/tandem
-t0=$(date +%s)
-cmake -S . -B build/gpu -G Ninja -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH=/tmp/deps -DPKG_CONFIG_EXECUTABLE=/tmp/deps/bin/pkg-config \
-  "-DCMAKE_CXX_FLAGS=-isystem /tmp/deps/include" >/tmp/calib_configure.log 2>&1 ||
-  { cp /tmp/calib_configure.log "$OUT/build.log"; tail -30 "$OUT/build.log"; exit 1; }
-timeout 400 cmake --build build/gpu -j16 --target tandem >/tmp/calib_build.log 2>&1 ||
-  { cp /tmp/calib_build.log "$OUT/build.log"; tail -30 "$OUT/build.log"; exit 1; }
-echo "build: $(($(date +%s) - t0)) s"
 
 # A fresh cache: the first run of every command below uses what calibrate wrote.
 export XDG_CACHE_HOME=/tmp/tandem-calibrate-cache

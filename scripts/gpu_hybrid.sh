@@ -8,16 +8,7 @@ OUT=${OUT:-/tmp/tandem_hybrid}
 SETS=${1:-hybrid}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-tar -xJf .gpu-tools/gpu-deps-debian12.tar.xz -C /tmp
-export LD_LIBRARY_PATH=/tmp/deps/lib:/tmp/deps/lib/x86_64-linux-gnu OPENBLAS_CORETYPE=SkylakeX
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-t0=$(date +%s)
-cmake -S . -B build/gpu -G Ninja -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
-  -DTANDEM_BUILD_TESTS=ON -DCMAKE_PREFIX_PATH=/tmp/deps -DPKG_CONFIG_EXECUTABLE=/tmp/deps/bin/pkg-config \
-  "-DCMAKE_CXX_FLAGS=-isystem /tmp/deps/include" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-timeout 400 cmake --build build/gpu -j16 --target tandem llama_test cuda_test conformance_test >"$OUT/build.log" 2>&1 ||
-  { tail -30 "$OUT/build.log"; exit 1; }
-echo "build: $(($(date +%s) - t0)) s"
+source scripts/gpu_build.sh tandem llama_test cuda_test conformance_test
 for t in llama/llama_test cuda/cuda_test conformance/conformance_test; do
   log="$OUT/$(basename $t).log"
   timeout 180 build/gpu/tests/$t --gtest_brief=1 >"$log" 2>&1

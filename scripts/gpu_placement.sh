@@ -10,16 +10,7 @@ OUT=${OUT:-/tmp/tandem_placement}
 SETS=${1:-budgets}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-tar -xJf .gpu-tools/gpu-deps-debian12.tar.xz -C /tmp
-export LD_LIBRARY_PATH=/tmp/deps/lib:/tmp/deps/lib/x86_64-linux-gnu OPENBLAS_CORETYPE=SkylakeX
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-t0=$(date +%s)
-cmake -S . -B build/gpu -G Ninja -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
-  -DTANDEM_BUILD_TESTS=ON -DCMAKE_PREFIX_PATH=/tmp/deps -DPKG_CONFIG_EXECUTABLE=/tmp/deps/bin/pkg-config \
-  "-DCMAKE_CXX_FLAGS=-isystem /tmp/deps/include" >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-timeout 400 cmake --build build/gpu -j16 --target tandem ${TARGETS:-} >>"$OUT/build.log" 2>&1 ||
-  { tail -30 "$OUT/build.log"; exit 1; }
-echo "build: $(($(date +%s) - t0)) s"
+source scripts/gpu_build.sh tandem ${TARGETS:-}
 B=build/gpu/bin/tandem
 M=/tmp/vs-llama-models; mkdir -p $M
 m8=$M/llama-3.1-8b-q4_0.gguf
