@@ -237,7 +237,10 @@ void flush_from_caches(const void* data, size_t bytes) {
 class Calibrator {
  public:
   Calibrator(Backend& backend, const CalibrationOptions& options)
-      : b_(backend), options_(options), budget_(options.quick ? kQuickBudget : kFullBudget) {}
+      : b_(backend),
+        options_(options),
+        budget_(options.quick ? kQuickBudget : kFullBudget),
+        start_(std::chrono::steady_clock::now()) {}
 
   BackendProfile run() {
     profile_ = CostModel::default_profile(b_.backend_id(), b_.kind());
@@ -254,8 +257,15 @@ class Calibrator {
   }
 
  private:
+  // Each line ends with the seconds since calibration of this backend began, so a slow phase
+  // shows where the time went.
   void say(const std::string& line) {
-    if (options_.progress) options_.progress(line);
+    if (!options_.progress) return;
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    char at[32];
+    std::snprintf(at, sizeof at, " (%.2f s)", s);
+    options_.progress(line + at);
   }
 
   // Median time of `node` alone; false when the backend cannot run it or runs out of memory.
@@ -505,6 +515,7 @@ class Calibrator {
   Backend& b_;
   const CalibrationOptions& options_;
   Budget budget_;
+  std::chrono::steady_clock::time_point start_;
   BackendProfile profile_;
   SplitMix64 rng_{0x5EED};
 };

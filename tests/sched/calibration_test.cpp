@@ -414,7 +414,13 @@ TEST(Calibration, DeviceLinkIsFittedEachWayAndOnlyDeclaredOpsAreTimed) {
   EXPECT_EQ(p.link.pinned_bandwidth_gbs, 0.0);  // this device keeps no page-locked copies
   ASSERT_FALSE(p.op_samples.empty());
   for (const auto& [key, samples] : p.op_samples) EXPECT_EQ(key.op, OpKind::Add);
-  EXPECT_NE(std::find(said.begin(), said.end(), "link"), said.end());
+  // Each progress line ends with the seconds spent so far: "link (0.12 s)".
+  EXPECT_NE(std::find_if(said.begin(), said.end(),
+                         [](const std::string& l) {
+                           return l.rfind("link (", 0) == 0 && l.back() == ')' &&
+                                  l.find(" s)") != std::string::npos;
+                         }),
+            said.end());
   const DeviceKey key = device_key(*gpu);
   EXPECT_EQ(key.kind, "gpu");
   EXPECT_FALSE(key.device.empty());
