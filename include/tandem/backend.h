@@ -99,6 +99,20 @@ class Backend {
   // True where copy_to_peer reaches `peer` directly, without passing through host memory.
   virtual bool peer_copy_direct(const Backend& /*peer*/) const { return false; }
 
+  // Activation copies between host memory and this device that overlap other work.
+  // allocate_host gives page-locked host memory the device copies to and from directly (an
+  // empty Buffer where it has none; OutOfMemory as allocate): the executor's host arena comes
+  // from there when a device exchanges activations with the host. upload_async and
+  // download_async are ordered after the work submitted to this device before them, and the
+  // work submitted after them after an upload; they return without waiting for the copy where
+  // the host memory came from allocate_host (true), and copy synchronously otherwise (false).
+  // Before the host reads a download's destination or overwrites an upload's source it calls
+  // wait_host_copies(). The defaults copy synchronously.
+  virtual Buffer allocate_host(size_t bytes);
+  virtual bool upload_async(void* device_dst, const void* host_src, size_t bytes);
+  virtual bool download_async(void* host_dst, const void* device_src, size_t bytes);
+  virtual void wait_host_copies();
+
   // Runs one node. Inputs and output are in this backend's memory. May be asynchronous:
   // results are visible after synchronize() (or a copy_to_host, which synchronizes).
   virtual void execute(const Graph& graph, const NodeExecution& exec) = 0;

@@ -145,6 +145,22 @@ void Backend::copy_to_peer(Backend& peer, void* peer_dst, const void* src, size_
   peer.copy_from_host(peer_dst, host.data(), bytes);
 }
 
+Buffer Backend::allocate_host(size_t /*bytes*/) {
+  return {};
+}
+
+bool Backend::upload_async(void* device_dst, const void* host_src, size_t bytes) {
+  copy_from_host(device_dst, host_src, bytes);
+  return false;
+}
+
+bool Backend::download_async(void* host_dst, const void* device_src, size_t bytes) {
+  copy_to_host(host_dst, device_src, bytes);
+  return false;
+}
+
+void Backend::wait_host_copies() {}
+
 void Backend::stream_from_host(void* device_dst, const void* host_src, size_t bytes,
                                int /*event*/) {
   copy_from_host(device_dst, host_src, bytes);

@@ -497,6 +497,14 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
   stats.last_plan_arena_bytes = 0;
   for (const Slot& s : plan->slots) stats.last_plan_tensor_bytes += s.bytes;
   for (size_t bytes : arena_bytes) stats.last_plan_arena_bytes += bytes;
+  // Host memory that a device copies activations to or from is page-locked by that device
+  // where it can, so those copies overlap other work (Backend::upload_async, download_async).
+  int host_copier = -1;
+  for (const PlannedTransfer& t : plan->transfers) {
+    if (t.src_group == 0 && t.dst_group > 0) host_copier = t.dst_backend;
+    if (t.dst_group == 0 && t.src_group > 0) host_copier = t.src_backend;
+    if (host_copier >= 0) break;
+  }
   plan->arenas.resize(G);
   for (size_t g = 0; g < G; ++g) {
     if (arena_bytes[g] == 0) continue;
@@ -504,7 +512,16 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
       throw_error(ErrorCode::Internal, where,
                   "no backend allocates memory group " + std::to_string(g));
     }
-    plan->arenas[g] = backends[size_t(group_backend[g])]->allocate(arena_bytes[g]);
+    if (g == 0 && host_copier >= 0) {
+      try {
+        plan->arenas[g] = backends[size_t(host_copier)]->allocate_host(arena_bytes[g]);
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::OutOfMemory) throw;  // pageable memory then
+      }
+    }
+    if (!plan->arenas[g]) {
+      plan->arenas[g] = backends[size_t(group_backend[g])]->allocate(arena_bytes[g]);
+    }
   }
   auto resolve = [&](const PtrRef& r) -> void* {
     if (r.slot >= 0) {

@@ -354,6 +354,15 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
       }
     }
   };
+  // Devices with asynchronous copies to or from host memory still in flight: host code waits
+  // for them before it reads or overwrites host memory.
+  std::vector<bool> host_copies(nb, false);
+  auto wait_host_copies = [&] {
+    for (size_t b = 0; b < nb; ++b) {
+      if (host_copies[b]) m.backends[b]->wait_host_copies();
+      host_copies[b] = false;
+    }
+  };
   const double run_start = m.telemetry.now_us();
   size_t transfer_bytes = 0, transfers = 0, peer_transfers = 0, streamed_bytes = 0;
   // TimingMode::Timeline: device marks around each segment and after each streamed copy, read
@@ -414,8 +423,13 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
         const double t0 = record ? m.telemetry.now_us() : 0.0;
         if (t.dst_group == 0) {
           if (t.src_group > 0) {
-            m.backends[size_t(t.src_backend)]->copy_to_host(t.dst_ptr, src, t.bytes);
+            Backend& from = *m.backends[size_t(t.src_backend)];
+            if (from.download_async(t.dst_ptr, src, t.bytes)) {
+              host_copies[size_t(t.src_backend)] = true;
+              dirty[size_t(t.src_backend)] = true;
+            }
           } else {
+            wait_host_copies();  // the destination may still be read by an upload
             std::memcpy(t.dst_ptr, src, t.bytes);
           }
         } else {
@@ -425,7 +439,10 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
             dirty[size_t(t.src_backend)] = true;
             ++peer_transfers;
           } else {
-            dst.copy_from_host(t.dst_ptr, src, t.bytes);
+            // A download into the source may still be in flight.
+            if (t.src_group == 0) wait_host_copies();
+            if (dst.upload_async(t.dst_ptr, src, t.bytes))
+              host_copies[size_t(t.dst_backend)] = true;
           }
           dirty[size_t(t.dst_backend)] = true;
           if (timing == TimingMode::PerOp) dst.synchronize();
@@ -451,7 +468,10 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
         continue;
       }
       Backend& backend = *m.backends[size_t(step.backend)];
-      if (m.group[size_t(step.backend)] == 0) sync_host(step.backend);
+      if (m.group[size_t(step.backend)] == 0) {
+        sync_host(step.backend);
+        wait_host_copies();
+      }
       std::span<const NodeExecution> segment(plan.execs.data() + step.index, step.count);
       if (timing == TimingMode::PerOp) {
         for (size_t k = 0; k < step.count; ++k) {
@@ -501,6 +521,7 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
       }
       dirty[size_t(step.backend)] = true;
     }
+    wait_host_copies();
     for (size_t b = 0; b < nb; ++b) {
       if (plan.backend_used[b] || dirty[b]) m.backends[b]->synchronize();
     }

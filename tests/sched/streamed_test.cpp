@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <map>
 
 #include "mini_model.h"
 #include "model_runs.h"
@@ -286,6 +287,111 @@ TEST_P(StreamedTest, ATimelineTimesSegmentsAndCopiesWithoutPerOpEvents) {
   const std::string trace = exec.telemetry().to_chrome_trace_json();
   EXPECT_NE(trace.find("gpu copy queue"), std::string::npos);
   EXPECT_NE(trace.find("\"segment\""), std::string::npos);
+}
+
+// A "GPU" whose copies to and from its page-locked host memory run late: an asynchronous
+// upload poisons its device destination and a download its host destination when issued; each
+// lands (reading its source then) only when the host waits for it (wait_host_copies,
+// synchronize) or the device runs later work. Host code that reads a download, or overwrites
+// an upload's source, before waiting computes with NaN or sends the wrong values.
+class LateHostCopyGpu : public TestBackend {
+ public:
+  LateHostCopyGpu() : TestBackend(config()) {}
+  Buffer allocate_host(size_t bytes) override {
+    Buffer b = allocate(bytes);
+    host_[b.data()] = bytes;
+    return b;
+  }
+  bool upload_async(void* dst, const void* src, size_t bytes) override {
+    if (!page_locked(src, bytes)) return TestBackend::upload_async(dst, src, bytes);
+    return later(dst, src, bytes);
+  }
+  bool download_async(void* dst, const void* src, size_t bytes) override {
+    if (!page_locked(dst, bytes)) return TestBackend::download_async(dst, src, bytes);
+    return later(dst, src, bytes);
+  }
+  void wait_host_copies() override { land(); }
+  void synchronize() override { land(); }
+  void execute(const Graph& graph, const NodeExecution& exec) override {
+    land();
+    TestBackend::execute(graph, exec);
+  }
+  int async_copies = 0;
+
+ protected:
+  void free_buffer(void* data, size_t bytes) override {
+    host_.erase(data);
+    TestBackend::free_buffer(data, bytes);
+  }
+
+ private:
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  static Config config() {
+    Config c;
+    c.id = "gpu";
+    c.kind = BackendKind::Gpu;
+    c.host_accessible = false;
+    return c;
+  }
+  bool page_locked(const void* p, size_t bytes) const {
+    const auto* q = static_cast<const uint8_t*>(p);
+    for (const auto& [data, n] : host_) {
+      const auto* d = static_cast<const uint8_t*>(data);
+      if (q >= d && q + bytes <= d + n) return true;
+    }
+    return false;
+  }
+  bool later(void* dst, const void* src, size_t bytes) {
+    std::memset(dst, 0xFF, bytes);
+    queue_.push_back({dst, src, bytes});
+    ++async_copies;
+    return true;
+  }
+  void land() {
+    for (const Copy& c : queue_) std::memcpy(c.dst, c.src, c.bytes);
+    queue_.clear();
+  }
+  std::map<void*, size_t> host_;
+  std::vector<Copy> queue_;
+};
+
+// Figures under which streaming never wins (a link far slower than the CPU): ops on host
+// weights run on the CPU, the rest on the GPU, and activations cross both ways.
+TEST(HostCopies, AsynchronousActivationCopiesGiveTheReferenceBits) {
+  const int baseline = TestBackend::live_buffers;
+  std::mt19937 rng(test::test_seed());
+  MiniModel model(rng);
+  const std::vector<test::ModelStep> steps = test::prefill_then_decode(rng);
+  const auto expected = test::reference_logits(model, steps);
+  CostModel costs;
+  BackendProfile gpu_profile = CostModel::default_profile(BackendKind::Gpu);
+  gpu_profile.link = {1e-3, 0.0};
+  costs.set_profile("gpu", gpu_profile);
+  auto gpu = std::make_shared<LateHostCopyGpu>();
+  auto cpu = test::make_cpu();
+  {
+    auto sched = HybridScheduler::builder()
+                     .with_backend(cpu)
+                     .with_backend(gpu)
+                     .pin_tensor("^blk\\.0\\.", "cpu")
+                     .pin_tensor("^output\\.weight$", "cpu")
+                     .cost_model(costs)
+                     .build();
+    HybridExecutor exec(sched);
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      test::expect_bitwise_equal(test::run_steps(sched, exec, model, steps), expected);
+    }
+    // Activations crossed both ways without waiting, and both backends computed.
+    EXPECT_GT(gpu->async_copies, 0);
+    EXPECT_GT(gpu->executed, 0);
+    EXPECT_GT(cpu->executed, 0);
+    EXPECT_GT(exec.stats().transfers, 0u);
+  }
+  EXPECT_EQ(TestBackend::live_buffers, baseline) << "leaked buffers";
 }
 
 INSTANTIATE_TEST_SUITE_P(CopyQueue, StreamedTest, ::testing::Values(false, true),

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 
+#include "tandem/bytes.h"
 #include "tandem/error.h"
 #include "tandem/hash.h"
 
@@ -16,6 +19,27 @@ namespace {
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 constexpr size_t kCounterCount = size_t(1) << 16;
 constexpr size_t kMaxCachedGraphs = 256;
+
+// Page-locked host ranges from any CudaBackend's allocate_host, by start address: a host arena
+// allocated through one GPU is copied to and from by every GPU (the memory is portable).
+struct HostRanges {
+  std::mutex mutex;
+  std::map<uintptr_t, size_t> ranges;
+
+  bool contains(const void* data, size_t bytes) {
+    const auto p = reinterpret_cast<uintptr_t>(data);
+    std::lock_guard lock(mutex);
+    auto it = ranges.upper_bound(p);
+    if (it == ranges.begin()) return false;
+    --it;
+    return p + bytes <= it->first + it->second;
+  }
+};
+
+HostRanges& host_ranges() {
+  static HostRanges r;
+  return r;
+}
 
 }  // namespace
 
@@ -140,6 +164,17 @@ Buffer CudaBackend::allocate(size_t bytes) {
 
 void CudaBackend::free_buffer(void* data, size_t /*bytes*/) {
   std::lock_guard lock(mutex_);
+  if (auto it = host_buffers_.find(data); it != host_buffers_.end()) {
+    {
+      HostRanges& r = host_ranges();
+      std::lock_guard ranges_lock(r.mutex);
+      r.ranges.erase(reinterpret_cast<uintptr_t>(data));
+    }
+    host_buffers_.erase(it);
+    // Copies still reading or writing it have been waited for by its user (wait_host_copies).
+    (void)cudaFreeHost(data);
+    return;
+  }
   allocator_.free(data);
 }
 
@@ -283,6 +318,74 @@ void CudaBackend::copy_to_peer(Backend& peer, void* peer_dst, const void* src, s
   TANDEM_CUDA_CHECK(other->state_, "copy_to_peer", cudaSetDevice(other->state_.device));
   TANDEM_CUDA_CHECK(other->state_, "copy_to_peer", cudaStreamWaitEvent(other->stream_, peer_done_));
   activate();
+}
+
+Buffer CudaBackend::allocate_host(size_t bytes) {
+  std::lock_guard lock(mutex_);
+  check_alive("allocate_host");
+  bytes = std::max<size_t>(bytes, 1);
+  void* data = nullptr;
+  const cudaError_t err = cudaHostAlloc(&data, bytes, cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw_error(
+        ErrorCode::OutOfMemory, state_.id + " allocate_host",
+        "cannot page-lock " + format_bytes(bytes) + " of host memory: " + cudaGetErrorString(err));
+  }
+  host_buffers_[data] = bytes;
+  {
+    HostRanges& r = host_ranges();
+    std::lock_guard ranges_lock(r.mutex);
+    r.ranges[reinterpret_cast<uintptr_t>(data)] = bytes;
+  }
+  return Buffer(this, data, bytes);
+}
+
+bool CudaBackend::upload_async(void* device_dst, const void* host_src, size_t bytes) {
+  if (!host_ranges().contains(host_src, bytes)) {
+    copy_from_host(device_dst, host_src, bytes);
+    return false;
+  }
+  std::lock_guard lock(mutex_);
+  check_alive("upload_async");
+  if (bytes == 0) return false;
+  // After the destination's previous readers (queued on stream_); stream_'s later work after
+  // the copy.
+  TANDEM_CUDA_CHECK(state_, "upload_async", cudaEventRecord(peer_ready_, stream_));
+  TANDEM_CUDA_CHECK(state_, "upload_async", cudaStreamWaitEvent(peer_stream_, peer_ready_));
+  TANDEM_CUDA_CHECK(
+      state_, "upload_async",
+      cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, peer_stream_));
+  TANDEM_CUDA_CHECK(state_, "upload_async", cudaEventRecord(peer_done_, peer_stream_));
+  TANDEM_CUDA_CHECK(state_, "upload_async", cudaStreamWaitEvent(stream_, peer_done_));
+  return true;
+}
+
+bool CudaBackend::download_async(void* host_dst, const void* device_src, size_t bytes) {
+  if (!host_ranges().contains(host_dst, bytes)) {
+    copy_to_host(host_dst, device_src, bytes);
+    return false;
+  }
+  std::lock_guard lock(mutex_);
+  check_alive("download_async");
+  if (bytes == 0) return false;
+  // After the source's producers; later work that may overwrite the source (arena reuse)
+  // waits for the copy on the device, not on the host.
+  TANDEM_CUDA_CHECK(state_, "download_async", cudaEventRecord(peer_ready_, stream_));
+  TANDEM_CUDA_CHECK(state_, "download_async", cudaStreamWaitEvent(peer_stream_, peer_ready_));
+  TANDEM_CUDA_CHECK(
+      state_, "download_async",
+      cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, peer_stream_));
+  TANDEM_CUDA_CHECK(state_, "download_async", cudaEventRecord(peer_done_, peer_stream_));
+  TANDEM_CUDA_CHECK(state_, "download_async", cudaStreamWaitEvent(stream_, peer_done_));
+  return true;
+}
+
+void CudaBackend::wait_host_copies() {
+  std::lock_guard lock(mutex_);
+  check_alive("wait_host_copies");
+  TANDEM_CUDA_CHECK(state_, "wait_host_copies", cudaStreamSynchronize(peer_stream_));
+  check_device_errors();
 }
 
 cuda::OpContext CudaBackend::op_context() const {

@@ -44,6 +44,13 @@ class CudaBackend final : public Backend {
   // the driver stages the copy through host memory). Other backends: through host memory.
   void copy_to_peer(Backend& peer, void* peer_dst, const void* src, size_t bytes) override;
   bool peer_copy_direct(const Backend& peer) const override;
+  // Page-locked host memory (cudaHostAlloc, portable to every device), copied to and from on
+  // peer_stream_ with events ordering it against stream_, so the host does not wait for an
+  // upload and a download waits only for the copy, not for execution queued after it.
+  Buffer allocate_host(size_t bytes) override;
+  bool upload_async(void* device_dst, const void* host_src, size_t bytes) override;
+  bool download_async(void* host_dst, const void* device_src, size_t bytes) override;
+  void wait_host_copies() override;
 
   void execute(const Graph& graph, const NodeExecution& exec) override;
   // Captures the segment into a CUDA graph on first sight of (signature, pointers) and replays
@@ -132,7 +139,8 @@ class CudaBackend final : public Backend {
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t compute_mark_ = nullptr;  // recorded on stream_ before each streamed copy
   cudaEvent_t stream_events_[kStreamEvents] = {};
-  // Copies to other GPUs: their own stream, so they overlap execution and streamed weights.
+  // Activation copies to other GPUs and to and from page-locked host memory: their own stream,
+  // so they overlap execution and streamed weights.
   cudaStream_t peer_stream_ = nullptr;
   cudaEvent_t peer_ready_ = nullptr;  // recorded on stream_: the source's producers are queued
   cudaEvent_t peer_done_ = nullptr;   // recorded on peer_stream_: the copy is queued
@@ -144,6 +152,7 @@ class CudaBackend final : public Backend {
     size_t bytes = 0;
   };
   std::unordered_map<const void*, PinnedCopy> pinned_;
+  std::unordered_map<void*, size_t> host_buffers_;  // allocate_host's, by address
   StagingRing bounce_;  // streamed copies on copy_stream_ that have no page-locked copy
   std::vector<cudaEvent_t> timeline_;  // timing events, reused from run to run
   size_t timeline_used_ = 0;
