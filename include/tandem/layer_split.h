@@ -33,11 +33,4 @@ std::vector<LayerRange> split_layers(int n_layers, std::span<const double> propo
 std::vector<TensorPin> layer_range_pins(std::span<const LayerRange> ranges,
                                         std::span<const std::string> backend_ids);
 
-// The placement with each op that reads no weight or KV cache (a residual add, a RoPE, an
-// activation) moved from the GPU it was given to the GPU that produced its latest computed
-// input, when that one can run it: with layers split across GPUs, the hidden state then
-// crosses once per split point instead of bouncing back to the first GPU at every such op.
-// Ops on host backends, and ops whose inputs come from host backends, stay where they are.
-Placement keep_activations_on_their_gpu(const Graph& graph, const Placement& placement);
-
 }  // namespace tandem

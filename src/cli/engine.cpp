@@ -28,7 +28,6 @@ Engine::Engine(const EngineOptions& options)
   auto backends = available_backends(backend_options);
   const GpuSetup gpus = setup_gpus(backends, options, strategy, int(config_.n_layer));
   pins.insert(pins.end(), gpus.pins.begin(), gpus.pins.end());
-  layers_split_ = gpus.layers_split;
   if (options.n_gpu_layers) {
     const int ngl = *options.n_gpu_layers;
     TANDEM_CHECK_ARG(ngl >= 0, "--n-gpu-layers", "must be >= 0 (got " + std::to_string(ngl) + ")");
@@ -108,14 +107,7 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
   logits_.resize(size_t(out.elements()));
 
   plan_residency(kPlanPrefillTokens);
-  auto planned = scheduler_->plan(lg.graph, executor_->residency());
-  if (!layers_split_) {
-    last_placement_ = planned;
-  } else if (planned != split_planned_) {  // refined once per planned placement
-    split_planned_ = planned;
-    last_placement_ =
-        std::make_shared<const Placement>(keep_activations_on_their_gpu(lg.graph, *planned));
-  }
+  last_placement_ = scheduler_->plan(lg.graph, executor_->residency());
   last_graph_ = &lg.graph;
   // Plans are cached: an unchanged placement needs no new uploads (keeps this off the per-token
   // path; the walk below scans the residency).
@@ -162,10 +154,6 @@ std::vector<PhasePlan> Engine::plan_phases(int64_t n_prompt) {
     p.n_tokens = n;
     p.graph = &graph_for(n, false).graph;
     p.placement = scheduler_->plan(*p.graph, r);
-    if (layers_split_) {  // as eval() runs it
-      p.placement =
-          std::make_shared<const Placement>(keep_activations_on_their_gpu(*p.graph, *p.placement));
-    }
     p.predicted_us = scheduler_->predict_us(*p.graph, *p.placement);
     r = residency_after(*p.graph, *p.placement, std::move(r));
     out.push_back(std::move(p));

@@ -109,9 +109,6 @@ class Engine {
   std::shared_ptr<const Placement> last_placement_;
   const Graph* last_graph_ = nullptr;
   std::shared_ptr<const Placement> uploaded_for_;  // held, so its address cannot be reused
-  // Layers split across GPUs: the scheduler's placement (held) and its refinement in use.
-  bool layers_split_ = false;
-  std::shared_ptr<const Placement> split_planned_;
   std::vector<int32_t> positions_;
   std::vector<float> logits_;
   int64_t n_ctx_ = 0;

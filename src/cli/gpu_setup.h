@@ -16,7 +16,7 @@ namespace tandem::cli {
 struct GpuSetup {
   std::vector<TensorPin> pins;                            // layer ranges and the output layer
   std::vector<std::pair<std::string, uint64_t>> budgets;  // per GPU id
-  bool layers_split = false;  // placements go through keep_activations_on_their_gpu
+  bool layers_split = false;  // the layers are split across GPUs (pins per range)
 };
 
 // Drops the GPUs that take no part from `backends` (--split-mode none keeps the first) and

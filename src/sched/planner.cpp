@@ -448,6 +448,22 @@ class Walk {
     return r;
   }
 
+  // The GPU that produced n's latest computed input, where n reads no weight or KV cache
+  // and that GPU can run it; else kNoBackend.
+  int follow_gpu(const Node& n, TensorId& latest) const {
+    for (TensorId in : n.inputs) {
+      const TensorId s = g_.storage_of(in);
+      const OpKind op = g_.node(s).op;
+      if (op == OpKind::Weight || op == OpKind::KvCache) return kNoBackend;
+      if (!is_leaf(op) && (latest == kNoTensor || s > latest)) latest = s;
+    }
+    if (latest == kNoTensor) return kNoBackend;
+    const int b = producer_[size_t(latest)];
+    if (b < 0 || excluded_[size_t(b)] || !evals_[size_t(b)].ok()) return kNoBackend;
+    const Backend& be = *c_.backends[size_t(b)];
+    return be.kind() == BackendKind::Gpu && !be.host_accessible() ? b : kNoBackend;
+  }
+
   // GpuPreferred and CpuPreferred: the preferred kind if one can, else the other kind.
   void preferred(const Node& n, BackendSelection& sel, BackendKind want) {
     const bool gpu = want == BackendKind::Gpu;
@@ -457,6 +473,17 @@ class Walk {
     if (b >= 0) {
       SelectionReason r;
       r.kind = gpu ? Kind::GpuAvailable : Kind::CpuAvailable;
+      if (gpu) {
+        // With layers split across GPUs, an op that reads no weight or cache runs on the GPU
+        // holding its latest input instead of sending the hidden state back to the first.
+        TensorId latest = kNoTensor;
+        const int f = follow_gpu(n, latest);
+        if (f >= 0 && f != b) {
+          b = f;
+          r.why = "follows its input '" + g_.tensor(latest).name + "' to " +
+                  c_.backends[size_t(f)]->backend_id();
+        }
+      }
       choose(sel, b, r, RejectReason::NotAllowed, pref + ": lower preference");
       return;
     }

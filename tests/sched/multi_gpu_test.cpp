@@ -110,14 +110,15 @@ TEST(LayerSplit, PinsMatchTheRangesWeightsAndCaches) {
   EXPECT_THROW(layer_range_pins(ranges, std::span(ids).first(2)), Error);
 }
 
-TEST(KeepActivationsOnTheirGpu, MovesOnlyActivationOpsBetweenGpus) {
-  // x = rms_norm(in, w0) on gpu1 (pinned); y = silu(x) lands on gpu0 (the first GPU); then
-  // z = matmul(w1, y) on gpu1. The silu follows its input to gpu1; nothing else moves.
+TEST(KeepActivationsOnTheirGpu, ActivationOpsFollowTheirInputBetweenGpus) {
+  // x = rms_norm(in, w0) on gpu1 (pinned); y = silu(x) reads no weight: it runs on gpu1, where
+  // its input is, not on the first GPU; z = matmul(w1, y) on gpu1 (pinned).
   auto gpu0 = make_gpu("gpu0"), gpu1 = make_gpu("gpu1");
   auto cpu = test::make_cpu();
   Graph g;
   TensorId in = g.input("in", DType::F32, {8, 2});
   TensorId x = g.rms_norm(in, g.weight("w0", DType::F32, {8}), 1e-5f);
+  g.set_name(x, "x");
   TensorId y = g.silu(x);
   TensorId z = g.matmul(g.weight("w1", DType::F32, {8, 4}), y);
   g.mark_output(z);
@@ -127,26 +128,26 @@ TEST(KeepActivationsOnTheirGpu, MovesOnlyActivationOpsBetweenGpus) {
                    .with_backend(cpu)
                    .pin_tensor("^w[01]$", "gpu1")
                    .build();
-  auto planned = sched.plan(g, Residency());
-  ASSERT_EQ(planned->backend_index(y), 0) << "the planner's choice changed: revisit this test";
-  const Placement p = keep_activations_on_their_gpu(g, *planned);
-  EXPECT_EQ(p.backend_index(x), 1);
-  EXPECT_EQ(p.backend_index(y), 1);
-  EXPECT_EQ(p.backend_index(z), 1);
-  EXPECT_NE(p.key, planned->key);
-  EXPECT_NE(p.at(y).reason.why.find("follows its input"), std::string::npos);
-  // Inputs made on a host backend keep the op where the planner put it.
+  auto p = sched.plan(g, Residency());
+  EXPECT_EQ(p->backend_index(x), 1);
+  EXPECT_EQ(p->backend_index(y), 1);
+  EXPECT_EQ(p->backend_index(z), 1);
+  EXPECT_EQ(p->at(y).reason.kind, SelectionReason::Kind::GpuAvailable);
+  EXPECT_NE(p->at(y).reason.why.find("follows its input 'x' to gpu1"), std::string::npos)
+      << p->at(y).reason.why;
+  EXPECT_EQ(p->planned_transfers, 1u);  // `in` to gpu1, nothing back and forth
+  // An input made on a host backend: the op goes to the first GPU, as before.
   auto host_sched = HybridScheduler::builder()
                         .with_backend(gpu0)
                         .with_backend(gpu1)
                         .with_backend(cpu)
                         .pin_tensor("^w[01]$", "cpu")
+                        .strategy(Strategy::gpu_preferred())
                         .build();
-  auto host_planned = host_sched.plan(g, Residency());
-  const Placement q = keep_activations_on_their_gpu(g, *host_planned);
-  for (const Node& n : g.nodes())
-    EXPECT_EQ(q.backend_index(n.id), host_planned->backend_index(n.id));
-  EXPECT_EQ(q.key, host_planned->key);
+  auto q = host_sched.plan(g, Residency());
+  EXPECT_EQ(q->backend_index(x), 2);
+  EXPECT_NE(q->backend_index(y), 1);
+  EXPECT_EQ(q->at(y).reason.why.find("follows its input"), std::string::npos);
 }
 
 // ---- The mini model over two fake GPUs ----
@@ -249,9 +250,8 @@ LlamaRun run_llama(const gguf::File& file, const LlamaConfig& config,
     std::iota(positions.begin(), positions.end(), n_past);
     n_past += int32_t(tokens.size());
     std::vector<float> logits(size_t(lg.graph.tensor(lg.logits).elements()));
-    const Placement placement =
-        keep_activations_on_their_gpu(lg.graph, *sched.plan(lg.graph, exec.residency()));
-    exec.run(lg.graph, placement,
+    const auto placement = sched.plan(lg.graph, exec.residency());
+    exec.run(lg.graph, *placement,
              Bindings()
                  .input(lg.tokens, tokens.data(), 4 * tokens.size())
                  .input(lg.positions, positions.data(), 4 * positions.size())
