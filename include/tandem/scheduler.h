@@ -110,12 +110,41 @@ struct BackendSelection {
   std::vector<TensorId> streamed;
 };
 
+// One copy between memories that the placement decided. The executor carries each out as
+// stated: it derives no copy of its own, and refuses a placement that leaves an input where
+// its reader cannot reach it.
+struct PlannedCopy {
+  enum class Kind : uint8_t {
+    Activation,  // a computed tensor (or a KV cache read away from its home), every run
+    Input,       // a bound input into a device's memory, every run
+    Upload,      // a weight made resident on a device, once (before the first run: preload)
+    CacheMove,   // a KV cache moving to the device that writes it, once
+    Streamed,    // a host weight into the device's staging memory, every run (copy queue)
+  };
+  // Where the executor issues it: in order with execution, on the device's queue for
+  // activation copies (overlapping execution where the host side is page-locked), or on its
+  // copy queue ahead of use (streamed weights).
+  enum class Queue : uint8_t { Execution, Transfer, CopyQueue };
+  Kind kind = Kind::Activation;
+  TensorId storage = kNoTensor;  // the tensor copied (its storage)
+  TensorId before = kNoTensor;   // the op that reads it: the copy lands before it runs
+  int from = -1;                 // backend index holding the copy read; -1: host memory
+  int to = -1;                   // backend index receiving it
+  size_t bytes = 0;
+  Queue queue() const;
+};
+std::string_view copy_kind_name(PlannedCopy::Kind kind);
+
 // Decisions for a whole graph, one per node (indexed by TensorId).
 struct Placement {
   uint64_t signature = 0;  // Graph::signature()
   uint64_t key = 0;        // signature + leaf names + residency: what executors cache by
   std::vector<std::shared_ptr<Backend>> backends;  // BackendSelection::backend_index indexes it
   std::vector<BackendSelection> nodes;
+  // Every copy a run makes, in graph order (see PlannedCopy).
+  std::vector<PlannedCopy> copies;
+  // Per KV cache read or written (by its node id): the backend index holding it in the run.
+  std::vector<std::pair<TensorId, int>> kv_homes;
   size_t planned_transfers = 0;  // copies between memories each run (inputs, activations)
   size_t planned_uploads = 0;    // persistent copies made once (weights, KV cache moves)
   size_t streamed_bytes = 0;     // weight bytes streamed from host memory each run

@@ -274,8 +274,6 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
   }
   for (TensorId o : graph.outputs()) last[size_t(graph.storage_of(o))] = INT_MAX;
 
-  // KV caches live where their (first) KvWrite runs, else where they are first read.
-  std::vector<int> home(n, -1);
   for (const Node& node : graph.nodes()) {
     if (!is_compute(node.op)) continue;
     int b = placement.backend_index(node.id);
@@ -283,26 +281,48 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
       throw_error(ErrorCode::InvalidArgument, where,
                   "node " + std::to_string(node.id) + " has no backend in the placement");
     }
-    if (node.op != OpKind::KvWrite) continue;
-    TensorId s = graph.storage_of(node.inputs[0]);
-    if (graph.node(s).op != OpKind::KvCache) continue;
-    if (home[size_t(s)] < 0) {
-      home[size_t(s)] = b;
-    } else if (group[size_t(home[size_t(s)])] != group[size_t(b)]) {
-      throw_error(ErrorCode::Unsupported, where,
-                  "kv cache '" + graph.tensor(s).name + "' is written on both " +
-                      backends[size_t(home[size_t(s)])]->backend_id() + " and " +
-                      backends[size_t(b)]->backend_id() + " in one graph");
+  }
+  // KV caches live where the placement says; a cache is written in its home's memory only.
+  std::vector<int> home(n, -1);
+  for (const auto& [cache, b] : placement.kv_homes) {
+    if (size_t(cache) >= n || graph.node(cache).op != OpKind::KvCache || b < 0 ||
+        size_t(b) >= backends.size()) {
+      throw_error(ErrorCode::InvalidArgument, where,
+                  "the placement gives a KV cache home the graph or executor does not have");
     }
+    home[size_t(cache)] = b;
   }
   for (const Node& node : graph.nodes()) {
     if (!is_compute(node.op)) continue;
-    for (TensorId in : node.inputs) {
-      TensorId s = graph.storage_of(in);
-      if (graph.node(s).op == OpKind::KvCache && home[size_t(s)] < 0) {
-        home[size_t(s)] = placement.backend_index(node.id);
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
+      TensorId s = graph.storage_of(node.inputs[k]);
+      if (graph.node(s).op != OpKind::KvCache) continue;
+      const std::string& name = graph.tensor(s).name;
+      if (home[size_t(s)] < 0) {
+        throw_error(ErrorCode::InvalidArgument, where,
+                    "the placement gives kv cache '" + name + "' no home");
+      }
+      const int b = placement.backend_index(node.id);
+      if (node.op == OpKind::KvWrite && k == 0 &&
+          group[size_t(home[size_t(s)])] != group[size_t(b)]) {
+        throw_error(ErrorCode::InvalidArgument, where,
+                    "kv cache '" + name + "' lives on " +
+                        backends[size_t(home[size_t(s)])]->backend_id() + " but is written on " +
+                        backends[size_t(b)]->backend_id());
       }
     }
+  }
+  // The copies the placement states, by the op they come before.
+  std::vector<std::vector<const PlannedCopy*>> copies_before(n);
+  for (const PlannedCopy& c : placement.copies) {
+    if (size_t(c.before) >= n || size_t(c.storage) >= n || c.to < 0 ||
+        size_t(c.to) >= backends.size() || c.from >= int(backends.size()) ||
+        placement.backend_index(c.before) != c.to) {
+      throw_error(ErrorCode::InvalidArgument, where,
+                  "the placement lists a " + std::string(copy_kind_name(c.kind)) +
+                      " copy that does not match its graph");
+    }
+    copies_before[size_t(c.before)].push_back(&c);
   }
 
   std::vector<uint64_t> valid(n, 0);
@@ -345,17 +365,33 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     plan->slots.push_back({g, bytes, start, std::max(start, end), 0});
     return int(plan->slots.size() - 1);
   };
-  // Makes storage s valid in backend b's memory, adding a copy when it is elsewhere. A
-  // streamed weight gets a slot its copy fills each run (unless the device already holds it).
-  auto ensure_on = [&](TensorId s, int b, bool streamed) -> PtrRef {
+  // Makes storage s valid in backend b's memory for `reader` as the placement says: through
+  // the copy it lists, else where s already is (a weight in host memory or resident on the
+  // device, a bound input staged into host memory).
+  auto ensure_on = [&](TensorId s, int b, TensorId reader) -> PtrRef {
     const int g = group[size_t(b)];
     PtrRef& here = ptr[size_t(s) * G + size_t(g)];
-    if (valid[size_t(s)] & (1ull << g)) return here;
     const TensorDesc& d = graph.tensor(s);
     const OpKind op = graph.node(s).op;
+    const PlannedCopy* copy = nullptr;
+    for (const PlannedCopy* c : copies_before[size_t(reader)]) {
+      if (c->storage == s) copy = c;
+    }
+    auto refuse = [&](const std::string& what) {
+      throw_error(ErrorCode::InvalidArgument, where,
+                  "the placement " + what + " '" + d.name + "' to " +
+                      backends[size_t(b)]->backend_id() + " for node " + std::to_string(reader) +
+                      " (" + std::string(op_name(graph.node(reader).op)) + ")");
+    };
+    // A cache moved to its home was moved when the plan was built (cache_at).
+    if (copy && copy->kind == PlannedCopy::Kind::CacheMove) copy = nullptr;
+    if (valid[size_t(s)] & (1ull << g)) {
+      if (copy) refuse("copies again, where it already is,");
+      return here;
+    }
     if (op == OpKind::Weight) {
       WeightEntry& w = bound_weight(d.name, d);
-      if (streamed && g != 0 && !w.device[size_t(b)]) {
+      if (copy && copy->kind == PlannedCopy::Kind::Streamed && g != 0 && !w.device[size_t(b)]) {
         StreamedCopy c;
         c.storage = s;
         c.host = w.host;
@@ -365,8 +401,10 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
         here = PtrRef{c.slot, nullptr, 0};
         waits.push_back(plan->streamed.size());
         plan->streamed.push_back(c);
-      } else {
+      } else if (copy || g == 0 || w.device[size_t(b)]) {
         here = PtrRef{-1, upload(w, b), 0};
+      } else {
+        refuse("leaves weight in host memory and copies no");
       }
       valid[size_t(s)] |= 1ull << g;
       return here;
@@ -377,15 +415,16 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     t.dst_group = g;
     t.dst_backend = b;
     if (op == OpKind::Input) {
+      if (!copy && g != 0) refuse("copies no bound input");
       t.src_group = kUserInput;
       t.input_index = input_index[size_t(s)];
       plan->inputs[t.input_index].used = true;
     } else {
-      if (valid[size_t(s)] == 0) {
-        throw_error(ErrorCode::Internal, where,
-                    "tensor '" + d.name + "' is read before it is produced");
+      if (!copy) refuse("copies no");
+      const int sg = copy->from < 0 ? 0 : group[size_t(copy->from)];
+      if (!(valid[size_t(s)] & (1ull << sg))) {
+        refuse(valid[size_t(s)] == 0 ? "reads before it is produced" : "copies from elsewhere");
       }
-      int sg = (valid[size_t(s)] & 1) ? 0 : __builtin_ctzll(valid[size_t(s)]);
       t.src_group = sg;
       t.src_backend = sg == 0 ? -1 : group_backend[size_t(sg)];
       t.src = ptr[size_t(s) * G + size_t(sg)];
@@ -413,10 +452,11 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     const int b = placement.backend_index(node.id);
     const int g = group[size_t(b)];
     const int i = int(node.id);
-    const std::vector<TensorId>& streamed = placement.at(node.id).streamed;
     // A node that reads a streamed weight starts a segment: execution waits for its copy.
     bool new_copy = false;
-    for (TensorId w : streamed) new_copy = new_copy || !(valid[size_t(w)] & (1ull << g));
+    for (const PlannedCopy* c : copies_before[size_t(i)]) {
+      new_copy = new_copy || c->kind == PlannedCopy::Kind::Streamed;
+    }
     if (b != seg_backend || (new_copy && g != 0)) {
       close_segment();
       seg_backend = b;
@@ -428,8 +468,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     std::vector<PtrRef> ins;
     for (TensorId in : node.inputs) {
       const TensorId s = graph.storage_of(in);
-      const bool is_streamed = std::find(streamed.begin(), streamed.end(), s) != streamed.end();
-      PtrRef r = ensure_on(s, b, is_streamed);
+      PtrRef r = ensure_on(s, b, node.id);
       r.offset += size_t(graph.tensor(in).view_offset);
       ins.push_back(r);
       ex.inputs.push_back({&graph.tensor(in), nullptr});

@@ -163,27 +163,20 @@ void HybridExecutor::preload(const Graph& graph, const Placement& placement,
   TANDEM_CHECK_ARG(placement.nodes.size() == graph.size(), "executor preload",
                    "the placement has " + std::to_string(placement.nodes.size()) +
                        " nodes, the graph " + std::to_string(graph.size()));
-  // The weights each device keeps, uploaded here one by one so a caller can show progress.
+  // The weights each device keeps (the placement's uploads), one by one so a caller can show
+  // progress.
   std::vector<std::pair<WeightEntry*, int>> pending;
   size_t total = 0;
-  for (const Node& n : graph.nodes()) {
-    if (!is_compute(n.op)) continue;
-    const BackendSelection& sel = placement.at(n.id);
-    const int b = sel.backend_index;
-    if (b < 0 || size_t(b) >= m.backends.size() || m.group[size_t(b)] == 0) continue;
-    for (TensorId in : n.inputs) {
-      const TensorId s = graph.storage_of(in);
-      if (graph.node(s).op != OpKind::Weight) continue;
-      if (std::find(sel.streamed.begin(), sel.streamed.end(), s) != sel.streamed.end()) continue;
-      WeightEntry& w = m.bound_weight(graph.tensor(s).name, graph.tensor(s));
-      if (w.device[size_t(b)]) continue;
-      const bool listed = std::any_of(pending.begin(), pending.end(), [&](const auto& p) {
-        return p.first == &w && p.second == b;
-      });
-      if (listed) continue;
-      pending.emplace_back(&w, b);
-      total += w.bytes;
-    }
+  for (const PlannedCopy& c : placement.copies) {
+    if (c.kind != PlannedCopy::Kind::Upload) continue;
+    TANDEM_CHECK_ARG(
+        size_t(c.storage) < graph.size() && c.to >= 0 && size_t(c.to) < m.backends.size(),
+        "executor preload", "the placement lists an upload the graph does not have");
+    if (m.group[size_t(c.to)] == 0) continue;
+    WeightEntry& w = m.bound_weight(graph.tensor(c.storage).name, graph.tensor(c.storage));
+    if (w.device[size_t(c.to)]) continue;
+    pending.emplace_back(&w, c.to);
+    total += w.bytes;
   }
   size_t done = 0;
   for (const auto& [w, b] : pending) {

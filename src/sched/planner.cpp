@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
+#include <set>
 #include <string>
 
 #include "tandem/bytes.h"
@@ -50,6 +51,9 @@ class Walk {
       : c_(c), g_(g), n_backends_(c.backends.size()), searched_(sp) {
     const size_t n = g.size();
     loc_.assign(n, 0);
+    stream_copied_.resize(n);
+    cache_home_.assign(n, kNoBackend);
+    cache_written_.assign(n, false);
     producer_.assign(n, kNoBackend);
     weight_pin_.assign(n, -1);
     parent_.resize(n);
@@ -92,6 +96,11 @@ class Walk {
       select(n, sel);
       apply(n, sel);
       p.estimated_us += sel.estimated_cost.total_us();
+    }
+    p.copies = std::move(copies_);
+    for (const Node& n : g_.nodes()) {
+      if (n.op == OpKind::KvCache && cache_home_[size_t(n.id)] != kNoBackend)
+        p.kv_homes.emplace_back(n.id, cache_home_[size_t(n.id)]);
     }
     p.planned_transfers = transfers_;
     p.planned_uploads = uploads_;
@@ -754,19 +763,32 @@ class Walk {
     }
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       TensorId s = g_.storage_of(n.inputs[i]);
+      const OpKind sop = g_.node(s).op;
+      if (sop == OpKind::KvCache) note_cache_home(s, n, i, b);
       uint64_t& m = loc_[size_t(s)];
       if (m & bit(gb)) continue;
-      if (std::find(sel.streamed.begin(), sel.streamed.end(), s) != sel.streamed.end()) continue;
       const size_t bytes = g_.tensor(s).bytes();
-      OpKind sop = g_.node(s).op;
+      if (std::find(sel.streamed.begin(), sel.streamed.end(), s) != sel.streamed.end()) {
+        // Copied once per run, whichever of its readers on this device comes first.
+        if (!stream_copied_[size_t(s)].insert(b).second) continue;
+        copies_.push_back({PlannedCopy::Kind::Streamed, s, n.id, -1, b, bytes});
+        continue;
+      }
+      PlannedCopy copy{PlannedCopy::Kind::Activation, s, n.id, -1, b, bytes};
+      copy.from = (m & kHostBit) ? -1 : group_backend_[size_t(__builtin_ctzll(m))];
       if (m == 0) {  // a cache created here
         used_[size_t(b)] += bytes;
       } else if ((sop == OpKind::Weight && gb != 0) ||
                  (sop == OpKind::KvCache && n.op == OpKind::KvWrite)) {
         ++uploads_;  // persistent: a weight upload or a cache migration, once
         used_[size_t(b)] += bytes;
+        copy.kind =
+            sop == OpKind::Weight ? PlannedCopy::Kind::Upload : PlannedCopy::Kind::CacheMove;
+        copies_.push_back(copy);
       } else {
         ++transfers_;
+        if (sop == OpKind::Input) copy.kind = PlannedCopy::Kind::Input;
+        copies_.push_back(copy);
       }
       m |= bit(gb);
     }
@@ -780,6 +802,19 @@ class Walk {
     int rep = cache_of(n);
     if (rep >= 0) home_[size_t(rep)] = b;
     current_ = b;
+  }
+
+  // Where a KV cache lives during the run: where its first KvWrite runs, else where it is
+  // first read.
+  void note_cache_home(TensorId s, const Node& n, size_t input, int b) {
+    const bool write = n.op == OpKind::KvWrite && input == 0;
+    int& home = cache_home_[size_t(s)];
+    if (write && !cache_written_[size_t(s)]) {
+      home = b;
+      cache_written_[size_t(s)] = true;
+    } else if (home == kNoBackend) {
+      home = b;
+    }
   }
 
   const PlannerConfig& c_;
@@ -805,6 +840,10 @@ class Walk {
   std::vector<bool> excluded_;
   std::vector<uint8_t> hops_;
   int current_ = kNoBackend;
+  std::vector<PlannedCopy> copies_;
+  std::vector<std::set<int>> stream_copied_;  // per weight: devices it was streamed to
+  std::vector<int> cache_home_;               // per KV cache: its backend in this run
+  std::vector<bool> cache_written_;
   size_t transfers_ = 0;
   size_t uploads_ = 0;
 };

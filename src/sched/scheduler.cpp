@@ -11,6 +11,7 @@
 
 #include "graph_search.h"
 #include "planner.h"
+#include "tandem/bytes.h"
 #include "tandem/error.h"
 #include "tandem/hash.h"
 
@@ -152,6 +153,36 @@ size_t Residency::resident_bytes(std::string_view backend_id) const {
 
 // ---- Placement ----
 
+PlannedCopy::Queue PlannedCopy::queue() const {
+  switch (kind) {
+    case Kind::Activation:
+    case Kind::Input:
+      return Queue::Transfer;
+    case Kind::Streamed:
+      return Queue::CopyQueue;
+    case Kind::Upload:
+    case Kind::CacheMove:
+      break;
+  }
+  return Queue::Execution;
+}
+
+std::string_view copy_kind_name(PlannedCopy::Kind kind) {
+  switch (kind) {
+    case PlannedCopy::Kind::Activation:
+      return "activation";
+    case PlannedCopy::Kind::Input:
+      return "input";
+    case PlannedCopy::Kind::Upload:
+      return "upload";
+    case PlannedCopy::Kind::CacheMove:
+      return "cache_move";
+    case PlannedCopy::Kind::Streamed:
+      return "streamed";
+  }
+  return "?";
+}
+
 std::vector<size_t> Placement::ops_per_backend() const {
   std::vector<size_t> n(backends.size(), 0);
   for (const BackendSelection& s : nodes) {
@@ -176,6 +207,17 @@ void Placement::print(std::ostream& os, const Graph& graph) const {
                   std::string(op_name(n.op)).c_str(), shape.c_str(),
                   s.backend ? s.backend->backend_id().c_str() : "-", s.estimated_cost.total_us());
     os << line << s.reason.to_string() << "\n";
+  }
+  for (const PlannedCopy& c : copies) {
+    auto where = [&](int b) {
+      return b < 0 ? std::string("host") : backends[size_t(b)]->backend_id();
+    };
+    std::snprintf(line, sizeof line, "copy   %-10s %-28s %s -> %s before node %d (%s)\n",
+                  std::string(copy_kind_name(c.kind)).c_str(),
+                  size_t(c.storage) < graph.size() ? graph.tensor(c.storage).name.c_str() : "?",
+                  where(c.from).c_str(), where(c.to).c_str(), int(c.before),
+                  format_bytes(c.bytes).c_str());
+    os << line;
   }
   auto per = ops_per_backend();
   os << "ops:";

@@ -3,6 +3,7 @@
 // errors leave outputs untouched and nothing leaks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -75,6 +76,68 @@ TEST_F(ExecutorTest, MixedPlacementGivesTheReferenceBits) {
     EXPECT_EQ(exec.resident_bytes("gpu"), gpu_bytes + cache_bytes);
     EXPECT_TRUE(exec.residency().contains("gpu", "blk.0.attn_q.weight"));
   }
+}
+
+TEST_F(ExecutorTest, CarriesOutTheCopiesThePlacementStatesAndRefusesAMissingOne) {
+  MiniModel model(rng_);
+  auto cpu = make_cpu();
+  auto gpu = make_gpu("gpu", caps_without({OpKind::GetRows, OpKind::Rope}));
+  auto sched = HybridScheduler::builder().with_backend(cpu).with_backend(gpu).build();
+  HybridExecutor exec(sched);
+  for (const auto& [name, w] : model.weights)
+    exec.bind_weight(name, w.bytes.data(), w.bytes.size());
+  const Graph g = model.build(3);
+  const std::vector<int32_t> tokens{1, 2, 3}, positions{0, 1, 2};
+  std::vector<float> logits(size_t(g.tensor(g.outputs()[0]).elements()));
+  auto bindings = [&] {
+    return Bindings()
+        .input("tokens", tokens.data(), 4 * tokens.size())
+        .input("positions", positions.data(), 4 * positions.size())
+        .output("logits", logits.data(), 4 * logits.size());
+  };
+  auto p = sched.plan(g, exec.residency());
+  // Each copy goes to the backend of the op it comes before; every KV cache has a home.
+  size_t per_run = 0, uploads = 0;
+  for (const PlannedCopy& c : p->copies) {
+    EXPECT_EQ(c.to, p->backend_index(c.before));
+    EXPECT_NE(c.from, c.to);
+    EXPECT_EQ(c.bytes, g.tensor(c.storage).bytes());
+    per_run += c.kind == PlannedCopy::Kind::Activation || c.kind == PlannedCopy::Kind::Input;
+    uploads += c.kind == PlannedCopy::Kind::Upload;
+  }
+  EXPECT_GT(per_run, 0u);
+  EXPECT_GT(uploads, 0u);
+  EXPECT_EQ(per_run, p->planned_transfers);
+  size_t caches = 0;
+  for (const Node& n : g.nodes()) caches += n.op == OpKind::KvCache;
+  EXPECT_EQ(p->kv_homes.size(), caches);
+
+  // A placement that leaves out one activation copy is refused, naming it; nothing runs.
+  Placement broken = *p;
+  auto it = std::find_if(broken.copies.begin(), broken.copies.end(), [](const PlannedCopy& c) {
+    return c.kind == PlannedCopy::Kind::Activation;
+  });
+  ASSERT_NE(it, broken.copies.end());
+  const std::string name = g.tensor(it->storage).name;
+  broken.copies.erase(it);
+  broken.key ^= 1;  // its own execution plan
+  const int executed = cpu->executed + gpu->executed;
+  try {
+    exec.run(g, broken, bindings());
+    ADD_FAILURE() << "ran a placement with a copy missing";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("copies no '" + name + "'"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(cpu->executed + gpu->executed, executed);
+
+  // The placement as planned: the executor's transfers are exactly its per-run copies, and its
+  // uploads the listed ones.
+  exec.preload(g, *p);
+  EXPECT_EQ(exec.stats().weight_uploads, uploads);
+  exec.run(g, *p, bindings());
+  EXPECT_EQ(exec.stats().transfers, per_run);
 }
 
 TEST_F(ExecutorTest, EachTensorCrossesToABackendAtMostOncePerRun) {
