@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "mapped_copy.h"
 #include "tandem/bytes.h"
 #include "tandem/error.h"
 #include "tandem/hash.h"
@@ -23,17 +24,24 @@ constexpr size_t kMaxCachedGraphs = 256;
 // Page-locked host ranges from any CudaBackend's allocate_host, by start address: a host arena
 // allocated through one GPU is copied to and from by every GPU (the memory is portable).
 struct HostRanges {
+  struct Range {
+    size_t bytes = 0;
+    uintptr_t device = 0;  // the range's address in device code (cudaHostGetDevicePointer)
+  };
   std::mutex mutex;
-  std::map<uintptr_t, size_t> ranges;
+  std::map<uintptr_t, Range> ranges;
 
-  bool contains(const void* data, size_t bytes) {
+  // The device address of [data, data + bytes), or 0 where it is not in one range.
+  uintptr_t device_view(const void* data, size_t bytes) {
     const auto p = reinterpret_cast<uintptr_t>(data);
     std::lock_guard lock(mutex);
     auto it = ranges.upper_bound(p);
-    if (it == ranges.begin()) return false;
+    if (it == ranges.begin()) return 0;
     --it;
-    return p + bytes <= it->first + it->second;
+    if (p + bytes > it->first + it->second.bytes) return 0;
+    return it->second.device + (p - it->first);
   }
+  bool contains(const void* data, size_t bytes) { return device_view(data, bytes) != 0; }
 };
 
 HostRanges& host_ranges() {
@@ -86,6 +94,7 @@ CudaBackend::CudaBackend(int device) : allocator_(state_) {
     TANDEM_CUDA_CHECK(s, "init", cudaStreamCreateWithFlags(&peer_stream_, cudaStreamNonBlocking));
     TANDEM_CUDA_CHECK(s, "init", cudaEventCreateWithFlags(&peer_ready_, cudaEventDisableTiming));
     TANDEM_CUDA_CHECK(s, "init", cudaEventCreateWithFlags(&peer_done_, cudaEventDisableTiming));
+    TANDEM_CUDA_CHECK(s, "init", cudaEventCreateWithFlags(&uploads_read_, cudaEventDisableTiming));
     TANDEM_CUDA_CHECK(s, "init", cudaEventCreate(&timer_begin_));
     TANDEM_CUDA_CHECK(s, "init", cudaEventCreate(&timer_end_));
   } catch (...) {
@@ -106,6 +115,7 @@ void CudaBackend::release() {
   clear_graphs();
   if (peer_ready_) (void)cudaEventDestroy(std::exchange(peer_ready_, nullptr));
   if (peer_done_) (void)cudaEventDestroy(std::exchange(peer_done_, nullptr));
+  if (uploads_read_) (void)cudaEventDestroy(std::exchange(uploads_read_, nullptr));
   if (peer_stream_) (void)cudaStreamDestroy(std::exchange(peer_stream_, nullptr));
   free_ring(bounce_);
   for (cudaEvent_t& e : stream_events_) {
@@ -197,7 +207,12 @@ int CudaBackend::take_staging(StagingRing& ring, const char* op) {
   const int i = ring.next;
   ring.next = (ring.next + 1) % StagingRing::kBuffers;
   if (!ring.buffer[i]) {
-    TANDEM_CUDA_CHECK(state_, op, cudaMallocHost(&ring.buffer[i], kStagingBytes));
+    // Mapped, so a kernel may read it (copy_through on the execution stream).
+    TANDEM_CUDA_CHECK(
+        state_, op,
+        cudaHostAlloc(&ring.buffer[i], kStagingBytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    TANDEM_CUDA_CHECK(state_, op,
+                      cudaHostGetDevicePointer(&ring.device_view[i], ring.buffer[i], 0));
     TANDEM_CUDA_CHECK(state_, op, cudaEventCreateWithFlags(&ring.done[i], cudaEventDisableTiming));
   } else {
     TANDEM_CUDA_CHECK(state_, op, cudaEventSynchronize(ring.done[i]));
@@ -211,8 +226,17 @@ void CudaBackend::copy_through(StagingRing& ring, cudaStream_t stream, uint8_t* 
     const size_t n = std::min(kStagingBytes, bytes - off);
     const int i = take_staging(ring, op);
     std::memcpy(ring.buffer[i], src + off, n);
-    TANDEM_CUDA_CHECK(
-        state_, op, cudaMemcpyAsync(dst + off, ring.buffer[i], n, cudaMemcpyHostToDevice, stream));
+    if (stream == stream_) {
+      // On the execution stream a kernel reads the staging buffer: it does not queue behind
+      // streamed weights on the copy engine (mapped_copy.h).
+      TANDEM_CUDA_CHECK(
+          state_, op,
+          cuda::copy_from_mapped_host(dst + off, ring.device_view[i], n, sm_count_, stream));
+    } else {
+      TANDEM_CUDA_CHECK(
+          state_, op,
+          cudaMemcpyAsync(dst + off, ring.buffer[i], n, cudaMemcpyHostToDevice, stream));
+    }
     TANDEM_CUDA_CHECK(state_, op, cudaEventRecord(ring.done[i], stream));
   }
 }
@@ -221,6 +245,7 @@ void CudaBackend::free_ring(StagingRing& ring) {
   for (int i = 0; i < StagingRing::kBuffers; ++i) {
     if (ring.done[i]) (void)cudaEventDestroy(std::exchange(ring.done[i], nullptr));
     if (ring.buffer[i]) (void)cudaFreeHost(std::exchange(ring.buffer[i], nullptr));
+    ring.device_view[i] = nullptr;
   }
 }
 
@@ -325,7 +350,12 @@ Buffer CudaBackend::allocate_host(size_t bytes) {
   check_alive("allocate_host");
   bytes = std::max<size_t>(bytes, 1);
   void* data = nullptr;
-  const cudaError_t err = cudaHostAlloc(&data, bytes, cudaHostAllocPortable);
+  void* device_view = nullptr;
+  cudaError_t err = cudaHostAlloc(&data, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
+  if (err == cudaSuccess) {
+    err = cudaHostGetDevicePointer(&device_view, data, 0);
+    if (err != cudaSuccess) (void)cudaFreeHost(std::exchange(data, nullptr));
+  }
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     throw_error(
@@ -336,28 +366,27 @@ Buffer CudaBackend::allocate_host(size_t bytes) {
   {
     HostRanges& r = host_ranges();
     std::lock_guard ranges_lock(r.mutex);
-    r.ranges[reinterpret_cast<uintptr_t>(data)] = bytes;
+    r.ranges[reinterpret_cast<uintptr_t>(data)] = {bytes, reinterpret_cast<uintptr_t>(device_view)};
   }
   return Buffer(this, data, bytes);
 }
 
 bool CudaBackend::upload_async(void* device_dst, const void* host_src, size_t bytes) {
-  if (!host_ranges().contains(host_src, bytes)) {
+  const uintptr_t view = host_ranges().device_view(host_src, bytes);
+  if (view == 0) {
     copy_from_host(device_dst, host_src, bytes);
     return false;
   }
   std::lock_guard lock(mutex_);
   check_alive("upload_async");
   if (bytes == 0) return false;
-  // After the destination's previous readers (queued on stream_); stream_'s later work after
-  // the copy.
-  TANDEM_CUDA_CHECK(state_, "upload_async", cudaEventRecord(peer_ready_, stream_));
-  TANDEM_CUDA_CHECK(state_, "upload_async", cudaStreamWaitEvent(peer_stream_, peer_ready_));
-  TANDEM_CUDA_CHECK(
-      state_, "upload_async",
-      cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, peer_stream_));
-  TANDEM_CUDA_CHECK(state_, "upload_async", cudaEventRecord(peer_done_, peer_stream_));
-  TANDEM_CUDA_CHECK(state_, "upload_async", cudaStreamWaitEvent(stream_, peer_done_));
+  // A kernel on the execution stream reads the mapped host memory: in order with the
+  // destination's previous readers and later work, and not behind streamed weights queued on
+  // the copy engine (mapped_copy.h).
+  TANDEM_CUDA_CHECK(state_, "upload_async",
+                    cuda::copy_from_mapped_host(device_dst, reinterpret_cast<const void*>(view),
+                                                bytes, sm_count_, stream_));
+  TANDEM_CUDA_CHECK(state_, "upload_async", cudaEventRecord(uploads_read_, stream_));
   return true;
 }
 
@@ -384,6 +413,7 @@ bool CudaBackend::download_async(void* host_dst, const void* device_src, size_t 
 void CudaBackend::wait_host_copies() {
   std::lock_guard lock(mutex_);
   check_alive("wait_host_copies");
+  TANDEM_CUDA_CHECK(state_, "wait_host_copies", cudaEventSynchronize(uploads_read_));
   TANDEM_CUDA_CHECK(state_, "wait_host_copies", cudaStreamSynchronize(peer_stream_));
   check_device_errors();
 }

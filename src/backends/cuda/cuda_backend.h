@@ -44,9 +44,9 @@ class CudaBackend final : public Backend {
   // the driver stages the copy through host memory). Other backends: through host memory.
   void copy_to_peer(Backend& peer, void* peer_dst, const void* src, size_t bytes) override;
   bool peer_copy_direct(const Backend& peer) const override;
-  // Page-locked host memory (cudaHostAlloc, portable to every device), copied to and from on
-  // peer_stream_ with events ordering it against stream_, so the host does not wait for an
-  // upload and a download waits only for the copy, not for execution queued after it.
+  // Page-locked host memory (cudaHostAlloc, mapped and portable to every device). An upload is
+  // a kernel on stream_ reading it (not queued behind streamed weights on the copy engine); a
+  // download goes on peer_stream_ ordered by events, so the host waits for it alone.
   Buffer allocate_host(size_t bytes) override;
   bool upload_async(void* device_dst, const void* host_src, size_t bytes) override;
   bool download_async(void* host_dst, const void* device_src, size_t bytes) override;
@@ -126,6 +126,7 @@ class CudaBackend final : public Backend {
   struct StagingRing {
     static constexpr int kBuffers = 2;
     void* buffer[kBuffers] = {};
+    void* device_view[kBuffers] = {};  // the buffer's address in device code
     cudaEvent_t done[kBuffers] = {};
     int next = 0;
   };
@@ -142,9 +143,10 @@ class CudaBackend final : public Backend {
   // Activation copies to other GPUs and to and from page-locked host memory: their own stream,
   // so they overlap execution and streamed weights.
   cudaStream_t peer_stream_ = nullptr;
-  cudaEvent_t peer_ready_ = nullptr;  // recorded on stream_: the source's producers are queued
-  cudaEvent_t peer_done_ = nullptr;   // recorded on peer_stream_: the copy is queued
-  std::vector<int8_t> peer_access_;   // per device: -1 not yet asked, 0 no, 1 enabled
+  cudaEvent_t peer_ready_ = nullptr;    // recorded on stream_: the source's producers are queued
+  cudaEvent_t peer_done_ = nullptr;     // recorded on peer_stream_: the copy is queued
+  cudaEvent_t uploads_read_ = nullptr;  // recorded on stream_ after the last upload_async
+  std::vector<int8_t> peer_access_;     // per device: -1 not yet asked, 0 no, 1 enabled
   // Page-locked copies of host memory streamed every run, by source address (registering a
   // mapped model file in place was far slower than copying it: bench/NOTES.md).
   struct PinnedCopy {
