@@ -55,20 +55,18 @@ std::vector<size_t> assign_offsets(std::vector<Slot>& slots, int n_groups) {
   return arena;
 }
 
-// Puts each streamed copy into the step list as early as its device's staging memory allows
-// (and after the activation copies into the device that ops before its reader need):
+// Puts each streamed copy into the step list as early as its device's staging memory allows:
 // copies issued but not yet read hold at most `staging[b]` bytes (at least kStreamAheadWeights
-// copies) and fewer than Backend::kStreamEvents copies. A copy is issued after the segment
-// that reads the oldest copy it displaces, so the copy queue works while execution runs; its
-// slot is live from there, so it only reuses memory whose readers were submitted before it
-// (the device's copy queue waits for them).
+// copies) and fewer than Backend::kStreamEvents copies. Activation copies do not wait behind
+// them: they go on the device's transfer queue (Backend::upload_async). A copy is issued after the
+// segment that reads the oldest copy it displaces, so the copy queue works while execution runs;
+// its slot is live from there, so it only reuses memory whose readers were submitted before it (the
+// device's copy queue waits for them).
 void schedule_streamed_copies(ExecPlan& plan, const std::vector<size_t>& staging) {
   if (plan.streamed.empty()) return;
-  // The step where each copy is waited for, the last node submitted before each step, and
-  // per device the step after the last activation copy into it before each step.
+  // The step where each copy is waited for and the last node submitted before each step.
   std::vector<size_t> wait_step(plan.streamed.size(), 0);
   std::vector<int> last_node(plan.steps.size() + 1, -1);
-  std::vector<std::vector<size_t>> after_transfer;  // [backend][step]
   int seen = -1;
   for (size_t j = 0; j < plan.steps.size(); ++j) {
     const Step& st = plan.steps[j];
@@ -77,17 +75,6 @@ void schedule_streamed_copies(ExecPlan& plan, const std::vector<size_t>& staging
       seen = std::max(seen, int(plan.exec_id[st.index + st.count - 1]));
     }
     last_node[j + 1] = seen;
-  }
-  for (const StreamedCopy& c : plan.streamed) {
-    if (size_t(c.backend) >= after_transfer.size()) after_transfer.resize(size_t(c.backend) + 1);
-    std::vector<size_t>& a = after_transfer[size_t(c.backend)];
-    if (!a.empty()) continue;
-    a.assign(plan.steps.size() + 1, 0);
-    for (size_t j = 0; j < plan.steps.size(); ++j) {
-      const Step& st = plan.steps[j];
-      const bool into = st.kind == StepKind::Transfer && st.backend == c.backend;
-      a[j + 1] = into ? j + 1 : a[j];
-    }
   }
   // The step after the segment that reads copy k (it follows k's wait step).
   auto after_reader = [&](size_t k) {
@@ -122,10 +109,7 @@ void schedule_streamed_copies(ExecPlan& plan, const std::vector<size_t>& staging
       return over || d.in_flight.size() + 1 >= size_t(Backend::kStreamEvents);
     };
     while (!d.in_flight.empty() && full()) retire();
-    // Copies share the host-to-device link with activation copies, in the order issued: an
-    // activation copy that an op before this copy's reader needs goes first.
-    insert[k] =
-        std::max(std::min(d.point, wait_step[k]), after_transfer[size_t(c.backend)][wait_step[k]]);
+    insert[k] = std::min(d.point, wait_step[k]);
     d.point = insert[k];
     c.event = int(d.issued++ % size_t(Backend::kStreamEvents));
     d.in_flight.push_back(k);
