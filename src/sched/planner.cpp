@@ -43,6 +43,7 @@ struct StreamEval {
   std::vector<TensorId> weights;
   size_t weight_bytes = 0;  // streamed each run
   size_t ring_growth = 0;   // staging memory the device must add for these weights
+  double arrival_us = 0.0;  // when the last of them lands, on the step's timeline
 };
 
 class Walk {
@@ -67,6 +68,7 @@ class Walk {
     evals_.resize(n_backends_);
     stream_evals_.resize(n_backends_);
     ring_reserved_.assign(n_backends_, 0);
+    copy_free_us_.assign(n_backends_, 0.0);
     streamed_by_.assign(n_backends_, 0);
     excluded_.assign(n_backends_, false);
     searched_home_.assign(g.size(), kNoBackend);
@@ -96,6 +98,7 @@ class Walk {
       select(n, sel);
       apply(n, sel);
       p.estimated_us += sel.estimated_cost.total_us();
+      now_us_ += sel.estimated_cost.total_us();
     }
     p.copies = std::move(copies_);
     for (const Node& n : g_.nodes()) {
@@ -333,9 +336,12 @@ class Walk {
       for (TensorId w : se.weights) {
         weight_us += CostModel::stream_us(g_.tensor(w).bytes(), prof.link);
       }
-      // Overlapped with execution: only the part of the copy longer than the op shows.
+      // On the step's timeline: the copy queue streams from the step's start, one copy after
+      // another, while the ops before this one execute (on any backend); the op starts once its
+      // activations are there and its weights have landed. Only the wait shows.
+      se.arrival_us = copy_free_us_[b] + weight_us;
       se.cost = base;
-      se.cost.transfer_us += std::max(0.0, weight_us - base.compute_us);
+      se.cost.transfer_us += std::max(0.0, se.arrival_us - (now_us_ + base.transfer_us));
       const size_t ring = size_t(kStreamAheadWeights + 1) * largest;
       se.ring_growth = ring > ring_reserved_[b] ? ring - ring_reserved_[b] : 0;
       const size_t needed = transient + se.ring_growth;
@@ -373,6 +379,7 @@ class Walk {
     r.costs.push_back({b, c_.backends[size_t(b)]->backend_id(), se.cost});
     choose(sel, b, std::move(r), RejectReason::MoreExpensive, "", &se.cost);
     sel.streamed = se.weights;
+    copy_free_us_[size_t(b)] = se.arrival_us;
   }
 
   // Whether streaming beats running on `host` (kNoBackend: no host candidate at all).
@@ -836,6 +843,8 @@ class Walk {
   std::vector<StreamEval> stream_evals_;
   std::vector<size_t> ring_reserved_;  // per device: staging memory reserved for streaming
   std::vector<size_t> streamed_by_;    // per device: weight bytes it streams each run
+  double now_us_ = 0.0;                // the step's timeline: ops chosen so far, one after another
+  std::vector<double> copy_free_us_;   // per device: when its copy queue has landed what it took
   size_t streamed_bytes_ = 0;
   std::vector<bool> excluded_;
   std::vector<uint8_t> hops_;
