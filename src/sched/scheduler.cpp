@@ -354,6 +354,34 @@ HybridScheduler::~HybridScheduler() = default;
 
 namespace {
 constexpr size_t kMaxCachedPlans = 64;
+
+// What an executor caches an execution plan by: the graph and every decision a run carries
+// out, so a placement made again after the residency changed as the last one said (its
+// weights uploaded, its KV caches created) reuses the compiled plan and its captured work.
+uint64_t content_key(const Graph& graph, const Placement& p) {
+  uint64_t key = graph.signature();
+  for (const Node& n : graph.nodes()) {
+    if (is_leaf(n.op)) key = hash_combine(key, std::hash<std::string>{}(graph.tensor(n.id).name));
+  }
+  for (const BackendSelection& sel : p.nodes) {
+    key = hash_combine(key, uint64_t(int64_t(sel.backend_index)));
+    for (TensorId w : sel.streamed) key = hash_combine(key, uint64_t(w));
+  }
+  for (const PlannedCopy& c : p.copies) {
+    // Uploads and cache moves are made once, before the run: not part of what it executes.
+    if (c.queue() == PlannedCopy::Queue::Execution) continue;
+    key = hash_combine(key, uint64_t(c.kind));
+    key = hash_combine(key, uint64_t(c.storage));
+    key = hash_combine(key, uint64_t(c.before));
+    key = hash_combine(key, uint64_t(int64_t(c.from)));
+    key = hash_combine(key, uint64_t(int64_t(c.to)));
+  }
+  for (const auto& [cache, b] : p.kv_homes) {
+    key = hash_combine(hash_combine(key, uint64_t(cache)), uint64_t(int64_t(b)));
+  }
+  for (size_t bytes : p.stream_staging_bytes) key = hash_combine(key, bytes);
+  return key;
+}
 }  // namespace
 
 std::shared_ptr<const Placement> HybridScheduler::plan(const Graph& graph,
@@ -400,7 +428,7 @@ std::shared_ptr<const Placement> HybridScheduler::plan(const Graph& graph,
     placement = std::make_shared<Placement>(plan_graph(*impl_->config, graph, residency));
   }
   placement->signature = signature;
-  placement->key = key;
+  placement->key = content_key(graph, *placement);
   std::lock_guard lock(impl_->mutex);
   if (impl_->cache.size() >= kMaxCachedPlans) impl_->cache.clear();
   impl_->cache.emplace(key, placement);

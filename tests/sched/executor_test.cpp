@@ -220,14 +220,17 @@ TEST_F(ExecutorTest, PointersAreStablePerSignatureAndPlansAreReused) {
   HybridExecutor exec(sched);
   std::vector<test::ModelStep> steps{{{1}, {0}}, {{2}, {1}}, {{3}, {2}}, {{4}, {3}}};
   run_steps(sched, exec, model, steps);
-  // Run 1 uploads the weights (residency changes, so run 2 has a new placement key); from
-  // then on the same plan is replayed with the same signature and the same pointers.
-  EXPECT_EQ(exec.stats().plans_built, 2u);
+  // Run 1 uploads the weights and creates the KV caches: the residency changes, but the
+  // placement made for run 2 decides the same (its key is its content), so every run replays
+  // the one plan with the same signatures and the same pointers.
+  EXPECT_EQ(exec.stats().plans_built, 1u);
   ASSERT_GE(gpu->segment_signatures.size(), 4u);
   const size_t per_run = gpu->segment_signatures.size() / 4;
-  for (size_t k = 0; k < per_run; ++k) {
-    EXPECT_EQ(gpu->segment_signatures[2 * per_run + k], gpu->segment_signatures[3 * per_run + k]);
-    EXPECT_EQ(gpu->segment_pointers[2 * per_run + k], gpu->segment_pointers[3 * per_run + k]);
+  for (size_t r = 1; r < 4; ++r) {
+    for (size_t k = 0; k < per_run; ++k) {
+      EXPECT_EQ(gpu->segment_signatures[k], gpu->segment_signatures[r * per_run + k]);
+      EXPECT_EQ(gpu->segment_pointers[k], gpu->segment_pointers[r * per_run + k]);
+    }
   }
   // A second executor on the same backend has its own arenas, so never the same signatures.
   std::set<uint64_t> first(gpu->segment_signatures.begin(), gpu->segment_signatures.end());
