@@ -20,6 +20,15 @@ bool row_covers(const OpCapability& row, const NodeExecution& exec,
 bool row_covers(const OpCapability& row, const Graph& graph, const Node& node,
                 const std::vector<std::string>& features);
 
+// The dtype lists rows share across backends: the float formats (MatMul's weights), and every
+// format Copy converts between and GetRows reads.
+inline std::vector<DType> float_dtypes() {
+  return {DType::F32, DType::F16, DType::BF16};
+}
+inline std::vector<DType> convertible_dtypes() {
+  return {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+}
+
 // Kernel is whatever a backend calls: a function pointer, or a struct of them.
 template <class Kernel>
 class KernelTable {
