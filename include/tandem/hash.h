@@ -17,7 +17,7 @@ constexpr uint64_t hash_combine(uint64_t h, uint64_t v) {
 }
 
 // FNV-1a (64-bit) of `bytes`, continuing from `h`: a hash of names that stays the same across
-// builds and runs (synthetic weights' seeds, cost-profile file names).
+// builds and runs, as seeds and file names need (synthetic weights seed by tensor name).
 inline constexpr uint64_t kFnvOffset64 = 0xcbf29ce484222325ull;
 inline constexpr uint64_t kFnvPrime64 = 0x100000001b3ull;
 constexpr uint64_t fnv1a(std::string_view bytes, uint64_t h = kFnvOffset64) {

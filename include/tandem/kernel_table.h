@@ -3,6 +3,7 @@
 // it cannot declare what it does not run, nor run what it does not declare.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,5 +59,15 @@ class KernelTable {
   std::vector<OpCapability> capabilities_;
   std::vector<Kernel> kernels_;
 };
+
+// A backend's rows from its list of op families: each family's function adds the rows of its
+// kernels (defined in the family's file), called in the order listed.
+template <class Kernel>
+KernelTable<Kernel> rows_of_families(
+    std::initializer_list<void (*)(KernelTable<Kernel>&)> families) {
+  KernelTable<Kernel> rows;
+  for (auto add : families) add(rows);
+  return rows;
+}
 
 }  // namespace tandem

@@ -63,16 +63,11 @@ void HostBackend::copy_within(void* dst, const void* src, size_t bytes) {
 }
 
 KernelTable<ReferenceKernel>& reference_kernels() {
-  static KernelTable<ReferenceKernel> table = [] {
-    using namespace reference;
-    KernelTable<ReferenceKernel> rows;
-    for (auto add : {add_copy_kernels, add_get_rows_kernels, add_matmul_kernels,
-                     add_elementwise_kernels, add_softmax_kernels, add_norm_kernels,
-                     add_rope_kernels, add_attention_kernels, add_kv_write_kernels}) {
-      add(rows);
-    }
-    return rows;
-  }();
+  using namespace reference;
+  static KernelTable<ReferenceKernel> table = rows_of_families<ReferenceKernel>(
+      {add_copy_kernels, add_get_rows_kernels, add_matmul_kernels, add_elementwise_kernels,
+       add_softmax_kernels, add_norm_kernels, add_rope_kernels, add_attention_kernels,
+       add_kv_write_kernels});
   return table;
 }
 

@@ -16,16 +16,10 @@ void add_attention_kernels(KernelTable<Kernel>& rows);
 void add_kv_write_kernels(KernelTable<Kernel>& rows);
 
 KernelTable<Kernel>& kernel_table() {
-  static KernelTable<Kernel> table = [] {
-    KernelTable<Kernel> rows;
-    for (auto add :
-         {add_copy_kernels, add_get_rows_kernels, add_matmul_kernels, add_quantized_matmul_kernels,
-          add_elementwise_kernels, add_softmax_kernels, add_norm_kernels, add_rope_kernels,
-          add_attention_kernels, add_kv_write_kernels}) {
-      add(rows);
-    }
-    return rows;
-  }();
+  static KernelTable<Kernel> table = rows_of_families<Kernel>(
+      {add_copy_kernels, add_get_rows_kernels, add_matmul_kernels, add_quantized_matmul_kernels,
+       add_elementwise_kernels, add_softmax_kernels, add_norm_kernels, add_rope_kernels,
+       add_attention_kernels, add_kv_write_kernels});
   return table;
 }
 

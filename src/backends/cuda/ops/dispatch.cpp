@@ -31,16 +31,10 @@ const Kernel& kernel_for(const OpContext& ctx, const NodeExecution& e) {
 }  // namespace
 
 KernelTable<Kernel>& kernel_table() {
-  static KernelTable<Kernel> table = [] {
-    KernelTable<Kernel> rows;
-    for (auto add :
-         {add_copy_kernels, add_get_rows_kernels, add_matmul_kernels, add_quantized_matmul_kernels,
-          add_elementwise_kernels, add_softmax_kernels, add_norm_kernels, add_rope_kernels,
-          add_attention_kernels, add_kv_write_kernels}) {
-      add(rows);
-    }
-    return rows;
-  }();
+  static KernelTable<Kernel> table = rows_of_families<Kernel>(
+      {add_copy_kernels, add_get_rows_kernels, add_matmul_kernels, add_quantized_matmul_kernels,
+       add_elementwise_kernels, add_softmax_kernels, add_norm_kernels, add_rope_kernels,
+       add_attention_kernels, add_kv_write_kernels});
   return table;
 }
 
