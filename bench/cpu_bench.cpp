@@ -20,6 +20,7 @@
 #include "amx.h"
 #include "cpu_backend.h"
 #include "cpu_features.h"
+#include "tandem/hash.h"
 
 namespace tandem::cpu {
 namespace {
@@ -49,7 +50,7 @@ void fill_random(float* x, int64_t n, uint32_t seed) {
 void fill_quantized(DType dtype, uint8_t* p, int64_t rows, int64_t k, uint64_t seed) {
   const size_t rb = row_bytes(dtype, k);
   const size_t bs = size_t(dtype_traits(dtype).block_bytes);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  uint64_t s = seed * kGoldenRatio64 + 1;
   for (size_t i = 0; i + 8 <= rb * size_t(rows); i += 8) {
     s ^= s << 13, s ^= s >> 7, s ^= s << 17;
     std::memcpy(p + i, &s, 8);

@@ -3,6 +3,7 @@
 // it cannot declare what it does not run, nor run what it does not declare.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,15 @@ bool row_covers(const OpCapability& row, const NodeExecution& exec,
 // The same test on a node of a graph.
 bool row_covers(const OpCapability& row, const Graph& graph, const Node& node,
                 const std::vector<std::string>& features);
+
+// The dtype lists rows share across backends: the float formats (MatMul's weights), and every
+// format Copy converts between and GetRows reads.
+inline std::vector<DType> float_dtypes() {
+  return {DType::F32, DType::F16, DType::BF16};
+}
+inline std::vector<DType> convertible_dtypes() {
+  return {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+}
 
 // Kernel is whatever a backend calls: a function pointer, or a struct of them.
 template <class Kernel>
@@ -49,5 +59,15 @@ class KernelTable {
   std::vector<OpCapability> capabilities_;
   std::vector<Kernel> kernels_;
 };
+
+// A backend's rows from its list of op families: each family's function adds the rows of its
+// kernels (defined in the family's file), called in the order listed.
+template <class Kernel>
+KernelTable<Kernel> rows_of_families(
+    std::initializer_list<void (*)(KernelTable<Kernel>&)> families) {
+  KernelTable<Kernel> rows;
+  for (auto add : families) add(rows);
+  return rows;
+}
 
 }  // namespace tandem

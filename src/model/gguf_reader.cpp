@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "mapped_file.h"
+#include "tandem/bytes.h"
 #include "tandem/error.h"
 #include "tandem/model/gguf.h"
 
@@ -428,7 +429,7 @@ void File::Impl::parse(std::span<const uint8_t> bytes) {
 
   // The data section starts at the next multiple of the alignment after the tensor infos.
   uint64_t end_of_infos = c.pos();
-  data_offset = (end_of_infos + alignment - 1) / alignment * alignment;
+  data_offset = align_up(end_of_infos, alignment);
   if (!tensors.empty() && data_offset > bytes.size()) {
     c.fail("data section", end_of_infos,
            "starts at " + std::to_string(data_offset) + ", beyond the end of the file (" +

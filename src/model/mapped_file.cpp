@@ -10,6 +10,7 @@
 #include <cstring>
 #include <utility>
 
+#include "tandem/bytes.h"
 #include "tandem/error.h"
 
 namespace tandem::model {
@@ -96,7 +97,7 @@ MappedOutputFile::MappedOutputFile(const std::string& path, size_t size)
 
 void MappedOutputFile::release(size_t offset, size_t bytes) {
   const size_t page = size_t(::sysconf(_SC_PAGESIZE));
-  size_t begin = (offset + page - 1) / page * page;
+  size_t begin = align_up(offset, page);
   size_t end = std::min(offset + bytes, size_) / page * page;
   // MADV_DONTNEED on a shared file mapping keeps the data (the pages are marked dirty first).
   if (data_ != nullptr && begin < end) ::madvise(data_ + begin, end - begin, MADV_DONTNEED);

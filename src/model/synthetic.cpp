@@ -26,12 +26,6 @@ uint64_t mix(uint64_t a, uint64_t b) {
   return SplitMix64{a ^ (b * 0xd6e8feb86659fd93ull)}.next();
 }
 
-uint64_t name_hash(std::string_view s) {  // FNV-1a
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
-  return h;
-}
-
 // Uniform in [-1, 1) from 24 random bits.
 inline float signed_unit(uint64_t bits24) {
   return float(bits24) * (2.0f / 16777216.0f) - 1.0f;
@@ -323,7 +317,7 @@ gguf::Writer make_synthetic_writer(const SyntheticSpec& spec) {
     gen.dtype = dtype;
     gen.init = init;
     gen.amplitude = 1.0f / std::sqrt(float(n_in));
-    gen.tensor_seed = mix(spec.seed, name_hash(name));
+    gen.tensor_seed = mix(spec.seed, fnv1a(name));
     if (dtype_traits(dtype).is_quantized) gen.prepare();
     int64_t units = n_in * n_out / dtype_traits(dtype).block_elements;
     std::vector<int64_t> ne = {n_in};

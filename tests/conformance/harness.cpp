@@ -258,7 +258,7 @@ std::map<TensorId, std::vector<uint8_t>> make_inputs(const Case& c, uint64_t see
     for (const LeafFill& f : c.fills) {
       if (f.tensor == n.id) fill = f;
     }
-    Rng rng(seed * 0x100000001b3ull + uint64_t(n.id));
+    Rng rng(hash_combine(seed, uint64_t(n.id)));
     leaf_data[n.id] = make_leaf_data(c.graph.tensor(n.id), fill, rng);
   }
   return leaf_data;

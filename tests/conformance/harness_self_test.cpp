@@ -9,6 +9,7 @@
 
 #include "harness.h"
 #include "reference_backend.h"
+#include "tandem/op.h"
 
 namespace tandem::conformance {
 namespace {
@@ -70,6 +71,76 @@ class PartialBackend : public HostBackend {
 
  private:
   std::vector<OpCapability> caps_;
+};
+
+// An op from outside the library, registered as docs/adding-an-op.md shows: a descriptor, a
+// reference row and a case generator, at static initialization, so the catalog and every
+// backend of this binary see it from the start.
+float square_keep_sign(float x) {
+  return x * std::fabs(x);
+}
+
+TensorDesc infer_square_keep_sign(OpInference& c) {
+  c.expect_dtype(0, {DType::F32}, "x");
+  return make_tensor_desc("", DType::F32, c.in(0).ne, c.in(0).n_dims);
+}
+
+void reference_square_keep_sign(const NodeExecution& e) {
+  const auto* x = static_cast<const float*>(e.inputs[0].data);
+  auto* o = static_cast<float*>(e.output.data);
+  for (int64_t i = 0; i < e.output.desc->elements(); ++i) o[i] = square_keep_sign(x[i]);
+}
+
+void square_keep_sign_cases(std::vector<Case>& out, bool large);
+
+const OpKind kSquareKeepSign = [] {
+  const OpKind op = register_op({.name = "test_square_keep_sign",
+                                 .doc = "x * |x|",
+                                 .min_inputs = 1,
+                                 .max_inputs = 1,
+                                 .infer = infer_square_keep_sign});
+  reference_kernels().add(op, {DType::F32}, reference_square_keep_sign);
+  register_case_generator(op, square_keep_sign_cases);
+  return op;
+}();
+
+void square_keep_sign_cases(std::vector<Case>& out, bool large) {
+  std::vector<std::vector<int64_t>> shapes{{1}, {37, 3}, {33, 5, 2}};
+  if (large) shapes.push_back({4096, 64});
+  for (const std::vector<int64_t>& s : shapes) {
+    Dims ne{1, 1, 1, 1};
+    std::string name = "test_square_keep_sign/f32/";
+    for (size_t i = 0; i < s.size(); ++i) {
+      ne[i] = s[i];
+      name += (i ? "x" : "") + std::to_string(s[i]);
+    }
+    Case c;
+    c.name = name;
+    const TensorId x =
+        c.graph.leaf(OpKind::Input, make_tensor_desc("x", DType::F32, ne, int(s.size())));
+    c.graph.add_node(kSquareKeepSign, {x});
+    c.threshold = threshold_for(c.graph, c.node());
+    out.push_back(std::move(c));
+  }
+}
+
+// Runs the registered op through a row of its own, with the right kernel or a wrong one (the
+// sign flipped: NMSE 4 whatever the inputs).
+class SquareKeepSignBackend : public HostBackend {
+ public:
+  explicit SquareKeepSignBackend(bool right)
+      : HostBackend(right ? "right-row-test" : "wrong-row-test"), right_(right) {}
+  const std::vector<OpCapability>& capabilities() const override { return caps_; }
+  void execute(const Graph&, const NodeExecution& exec) override {
+    reference_square_keep_sign(exec);
+    if (right_) return;
+    auto* o = static_cast<float*>(exec.output.data);
+    for (int64_t i = 0; i < exec.output.desc->elements(); ++i) o[i] = -o[i];
+  }
+
+ private:
+  bool right_;
+  std::vector<OpCapability> caps_{OpCapability{kSquareKeepSign, {DType::F32}}};
 };
 
 TEST(HarnessSelfTest, NmseBasics) {
@@ -150,6 +221,30 @@ TEST(HarnessSelfTest, CorrectBackendPassesEveryCase) {
     ++ran;
   }
   EXPECT_GT(ran, 200);
+}
+
+// The registered op's generator feeds the catalog like a built-in family's, its cases dispatch
+// to the row that declares the op, and a row whose kernel is wrong fails every one of them.
+TEST(HarnessSelfTest, RegisteredOpIsEnumeratedAndCheckedByRow) {
+  const std::vector<Case> cases = cases_for(kSquareKeepSign, true);
+  ASSERT_EQ(cases.size(), 4u);
+  size_t in_catalog = 0;
+  for (const Case& c : all_cases(true)) in_catalog += c.node().op == kSquareKeepSign;
+  EXPECT_EQ(in_catalog, cases.size());
+
+  SquareKeepSignBackend right(true), wrong(false);
+  ReferenceBackend reference;
+  const uint64_t seed = fresh_seed();
+  for (const Case& c : cases) {
+    EXPECT_GE(dispatch_row(reference, c), 0) << c.name;
+    EXPECT_EQ(dispatch_row(right, c), 0) << c.name;
+    const CaseResult good = run_case(right, c, seed);
+    EXPECT_TRUE(good.passed()) << good.describe();
+    EXPECT_GT(good.compared, 0) << good.describe();
+    const CaseResult bad = run_case(wrong, c, seed);
+    EXPECT_TRUE(bad.declared) << bad.describe();
+    EXPECT_FALSE(bad.nmse_ok()) << bad.describe();
+  }
 }
 
 TEST(HarnessSelfTest, RefusalsFollowTheTable) {

@@ -380,5 +380,17 @@ TEST(CpuOpsErrors, RefusesWhatItDoesNotDeclare) {
   for (const OpCapability& cap : cpu.capabilities()) EXPECT_TRUE(is_compute(cap.op));
 }
 
+// Each family file adds its own rows and ops/registry.cpp lists the families: a family missing
+// from the list leaves its ops undeclared, which this catches.
+TEST(CpuOpsTable, DeclaresEveryComputeOp) {
+  CpuBackend cpu(1);
+  for (int i = 0; i < kOpKindCount; ++i) {
+    const auto op = OpKind(i);
+    bool declared = false;
+    for (const OpCapability& row : cpu.capabilities()) declared |= row.op == op;
+    EXPECT_EQ(declared, is_compute(op)) << op_name(op);
+  }
+}
+
 }  // namespace
 }  // namespace tandem::cpu::cpu_test

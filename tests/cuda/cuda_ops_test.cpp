@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "ops/ops.h"
 #include "reference_backend.h"
 #include "tandem/error.h"
 
@@ -391,6 +392,18 @@ TEST(CudaOps, TransformerBlockAsOneSegment) {
                                            {wk, quarter_scale(wk)}};
   for (int rep = 0; rep < 2; ++rep) {
     expect_close(compare_with_reference(g, *backend, fixed, true), kMatmul, "block");
+  }
+}
+
+// Each family file adds its own rows and ops/dispatch.cpp lists the families: a family missing
+// from the list leaves its ops undeclared. The rows exist without a GPU, so this always runs.
+TEST(CudaKernelRows, DeclareEveryComputeOp) {
+  const std::vector<OpCapability>& rows = cuda::kernel_table().capabilities();
+  for (int i = 0; i < kOpKindCount; ++i) {
+    const auto op = OpKind(i);
+    bool declared = false;
+    for (const OpCapability& row : rows) declared |= row.op == op;
+    EXPECT_EQ(declared, is_compute(op)) << op_name(op);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <functional>
 #include <optional>
 
+#include "tandem/bytes.h"
 #include "tandem/model/gguf.h"
 #include "tandem/model/synthetic.h"
 
@@ -78,7 +79,7 @@ struct RawFile {
       b.put(t.type).put(t.offset);
     }
     std::vector<uint8_t> out = b.take();
-    out.resize((out.size() + alignment - 1) / alignment * alignment, 0);
+    out.resize(align_up(out.size(), alignment), 0);
     for (size_t k = 0; k < data_bytes; ++k) out.push_back(uint8_t(k * 7 + 1));
     return out;
   }

@@ -18,9 +18,9 @@ size_t CachingAllocator::size_class(size_t bytes) {
   constexpr size_t kMin = 512;
   if (bytes <= kMin) return kMin;
   const size_t top = std::bit_floor(bytes);
-  if (top < 4 * kMin) return (bytes + kMin - 1) / kMin * kMin;
+  if (top < 4 * kMin) return align_up(bytes, kMin);
   const size_t step = top / 4;
-  return (bytes + step - 1) / step * step;
+  return align_up(bytes, step);
 }
 
 void* CachingAllocator::allocate(size_t bytes) {

@@ -21,8 +21,6 @@ struct PartialState {
   float sum = 0.0f;
 };
 
-}  // namespace
-
 void run_attention(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& q = *e.inputs[0].desc;
   const TensorDesc& k = *e.inputs[1].desc;
@@ -124,6 +122,13 @@ void run_attention(const OpContext& ctx, const NodeExecution& e) {
       kn.scale(o, 1.0f / total, o, D);
     }
   });
+}
+
+}  // namespace
+
+void add_attention_kernels(KernelTable<Kernel>& rows) {
+  rows.add(OpKind::Attention, {DType::F32, DType::I32}, run_attention);
+  rows.add(OpKind::Attention, {DType::F32, DType::F16, DType::I32}, run_attention);
 }
 
 }  // namespace tandem::cpu

@@ -46,6 +46,8 @@ void row_from_f32(const Kernels& k, DType dtype, const float* src, void* dst, in
   }
 }
 
+namespace {
+
 void run_copy(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& o = *e.output.desc;
@@ -87,6 +89,17 @@ void run_copy(const OpContext& ctx, const NodeExecution& e) {
       row_from_f32(ctx.k, o.dtype, row.data(), d, n0);
     }
   });
+}
+
+}  // namespace
+
+void add_copy_kernels(KernelTable<Kernel>& rows) {
+  rows.add(OpKind::Copy, convertible_dtypes(), run_copy);
+  rows.add(OpKind::Copy, {DType::I32}, run_copy);
+  rows.add(OpKind::Copy, {DType::I8}, run_copy);
+  for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
+    rows.add(OpKind::Dequantize, {d, DType::F32}, run_copy);
+  }
 }
 
 }  // namespace tandem::cpu

@@ -5,6 +5,8 @@
 
 namespace tandem::cpu {
 
+namespace {
+
 void run_binary(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
@@ -48,6 +50,15 @@ void run_unary(const OpContext& ctx, const NodeExecution& e) {
         return ctx.k.swiglu(x + i0, up + i0, out + i0, i1 - i0);
     }
   });
+}
+
+}  // namespace
+
+void add_elementwise_kernels(KernelTable<Kernel>& rows) {
+  for (OpKind op : {OpKind::Add, OpKind::Mul}) rows.add(op, {DType::F32}, run_binary);
+  for (OpKind op : {OpKind::Scale, OpKind::Silu, OpKind::Gelu, OpKind::SwiGlu}) {
+    rows.add(op, {DType::F32}, run_unary);
+  }
 }
 
 }  // namespace tandem::cpu

@@ -7,6 +7,8 @@
 
 namespace tandem::cpu {
 
+namespace {
+
 void run_get_rows(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& table = *e.inputs[0].desc;
   const auto* ids = static_cast<const int32_t*>(e.inputs[1].data);
@@ -27,6 +29,14 @@ void run_get_rows(const OpContext& ctx, const NodeExecution& e) {
           row_to_f32(ctx.k, table.dtype, base + ids[i] * table.nb[1], out + i * d, d);
         }
       });
+}
+
+}  // namespace
+
+void add_get_rows_kernels(KernelTable<Kernel>& rows) {
+  for (DType d : convertible_dtypes()) {
+    rows.add(OpKind::GetRows, {d, DType::I32, DType::F32}, run_get_rows);
+  }
 }
 
 }  // namespace tandem::cpu

@@ -18,6 +18,8 @@ void check_positions(const char* where, const int32_t* pos, int64_t n, int64_t l
   }
 }
 
+namespace {
+
 void run_kv_write(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& cache = *e.output.desc;
   const TensorDesc& src = *e.inputs[1].desc;
@@ -35,6 +37,13 @@ void run_kv_write(const OpContext& ctx, const NodeExecution& e) {
       row_from_f32(ctx.k, cache.dtype, s + t * row, base + pos[t] * cache.nb[2], row);
     }
   });
+}
+
+}  // namespace
+
+void add_kv_write_kernels(KernelTable<Kernel>& rows) {
+  rows.add(OpKind::KvWrite, {DType::F32, DType::I32}, run_kv_write);
+  rows.add(OpKind::KvWrite, {DType::F16, DType::F32, DType::I32}, run_kv_write);
 }
 
 }  // namespace tandem::cpu

@@ -84,6 +84,8 @@ void split_output(ThreadPool& pool, int64_t M, int64_t N,
   }
 }
 
+namespace {
+
 void run_matmul(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
@@ -98,6 +100,12 @@ void run_matmul(const OpContext& ctx, const NodeExecution& e) {
       matmul_2d(ctx, a.dtype, abase + a2 * a.nb[2] + a3 * a.nb[3], bdata + batch * K * N,
                 out + batch * M * N, M, N, K);
     }
+}
+
+}  // namespace
+
+void add_matmul_kernels(KernelTable<Kernel>& rows) {
+  for (DType d : float_dtypes()) rows.add(OpKind::MatMul, {d, DType::F32}, run_matmul);
 }
 
 }  // namespace tandem::cpu

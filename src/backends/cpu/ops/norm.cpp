@@ -5,6 +5,8 @@
 
 namespace tandem::cpu {
 
+namespace {
+
 void run_norm(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const auto* x = static_cast<const float*>(e.inputs[0].data);
@@ -27,6 +29,12 @@ void run_norm(const OpContext& ctx, const NodeExecution& e) {
       }
     }
   });
+}
+
+}  // namespace
+
+void add_norm_kernels(KernelTable<Kernel>& rows) {
+  for (OpKind op : {OpKind::RmsNorm, OpKind::LayerNorm}) rows.add(op, {DType::F32}, run_norm);
 }
 
 }  // namespace tandem::cpu

@@ -1,5 +1,5 @@
 // Op drivers of the CPU backend: each splits its op over the pool and calls the per-ISA
-// kernels row by row. One op family per file; CpuBackend::execute dispatches here.
+// kernels row by row. One op family per file, with its kernel rows.
 #pragma once
 
 #include <algorithm>
@@ -22,22 +22,11 @@ struct OpContext {
   bool amx = false;  // AMX tiles for quantized matrix-matrix products
 };
 
-// A CPU kernel, and the backend's rows (ops/registry.cpp). Add rows (an op registered outside
+// A CPU kernel, and the backend's rows: each op family's file (ops/<family>.cpp) adds the rows
+// of its kernels, and ops/registry.cpp lists the families. Add rows (an op registered outside
 // the library) before creating backends: each backend copies the rows it starts with.
 using Kernel = void (*)(const OpContext& ctx, const NodeExecution& e);
 KernelTable<Kernel>& kernel_table();
-
-void run_copy(const OpContext& ctx, const NodeExecution& e);  // Copy and Dequantize
-void run_get_rows(const OpContext& ctx, const NodeExecution& e);
-void run_matmul(const OpContext& ctx, const NodeExecution& e);
-void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e);
-void run_binary(const OpContext& ctx, const NodeExecution& e);  // Add, Mul
-void run_unary(const OpContext& ctx, const NodeExecution& e);   // Scale, Silu, Gelu, SwiGlu
-void run_softmax(const OpContext& ctx, const NodeExecution& e);
-void run_norm(const OpContext& ctx, const NodeExecution& e);  // RmsNorm, LayerNorm
-void run_rope(const OpContext& ctx, const NodeExecution& e);
-void run_attention(const OpContext& ctx, const NodeExecution& e);
-void run_kv_write(const OpContext& ctx, const NodeExecution& e);
 
 // One contiguous row of n elements of dtype to float32 and back (quantized: n % 32 == 0).
 void row_to_f32(const Kernels& k, DType dtype, const void* src, float* dst, int64_t n);

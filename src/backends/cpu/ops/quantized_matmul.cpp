@@ -71,8 +71,6 @@ struct ActivationScratch {
   std::vector<int32_t> bias;
 };
 
-}  // namespace
-
 void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
@@ -126,6 +124,13 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
         });
       });
     }
+}
+
+}  // namespace
+
+void add_quantized_matmul_kernels(KernelTable<Kernel>& rows) {
+  rows.add(OpKind::QuantizedMatMul, {DType::Q8_0, DType::F32}, run_quantized_matmul);
+  rows.add(OpKind::QuantizedMatMul, {DType::Q4_0, DType::F32}, run_quantized_matmul);
 }
 
 }  // namespace tandem::cpu

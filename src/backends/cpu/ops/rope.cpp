@@ -6,6 +6,8 @@
 
 namespace tandem::cpu {
 
+namespace {
+
 void run_rope(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const auto* x = static_cast<const float*>(e.inputs[0].data);
@@ -33,6 +35,12 @@ void run_rope(const OpContext& ctx, const NodeExecution& e) {
       }
     }
   });
+}
+
+}  // namespace
+
+void add_rope_kernels(KernelTable<Kernel>& rows) {
+  rows.add(OpKind::Rope, {DType::F32, DType::I32}, run_rope);
 }
 
 }  // namespace tandem::cpu

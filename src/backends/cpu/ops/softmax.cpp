@@ -5,6 +5,8 @@
 
 namespace tandem::cpu {
 
+namespace {
+
 void run_softmax(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const auto* x = static_cast<const float*>(e.inputs[0].data);
@@ -19,6 +21,12 @@ void run_softmax(const OpContext& ctx, const NodeExecution& e) {
       ctx.k.softmax_row(x + r * n, m, scale, out + r * n, n);
     }
   });
+}
+
+}  // namespace
+
+void add_softmax_kernels(KernelTable<Kernel>& rows) {
+  rows.add(OpKind::Softmax, {DType::F32}, run_softmax);
 }
 
 }  // namespace tandem::cpu

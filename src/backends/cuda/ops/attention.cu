@@ -342,6 +342,8 @@ AttentionPlan fit_to_context(const OpContext& ctx, const TensorDesc& q, const Te
   return plan;
 }
 
+namespace {
+
 // An upper bound over both kernels: which one runs is decided at launch.
 size_t attention_scratch_bytes(const NodeExecution& e, int sm_count) {
   const TensorDesc& q = *e.inputs[0].desc;
@@ -369,6 +371,14 @@ void run_attention(const OpContext& ctx, const NodeExecution& e) {
     launch_for_dim<float>(ctx, e, plan, aligned);
   }
   ctx.check_launch("attention");
+}
+
+}  // namespace
+
+void add_attention_kernels(KernelTable<Kernel>& rows) {
+  const Kernel attention{run_attention, attention_scratch_bytes};
+  add_row(rows, OpKind::Attention, {DType::F32, DType::I32}, attention);
+  add_row(rows, OpKind::Attention, {DType::F32, DType::F16, DType::I32}, attention);
 }
 
 }  // namespace tandem::cuda

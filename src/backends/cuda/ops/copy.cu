@@ -156,6 +156,8 @@ void convert_to_half(const OpContext& ctx, DType src_dtype, const void* src, voi
   ctx.check_launch(op);
 }
 
+namespace {
+
 void run_copy(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& in = *e.inputs[0].desc;
   const TensorDesc& out = *e.output.desc;
@@ -180,6 +182,17 @@ void run_copy(const OpContext& ctx, const NodeExecution& e) {
                                                                    e.output.data, out.dtype, n);
   }
   ctx.check_launch(op);
+}
+
+}  // namespace
+
+void add_copy_kernels(KernelTable<Kernel>& rows) {
+  add_row(rows, OpKind::Copy, convertible_dtypes(), {run_copy});
+  add_row(rows, OpKind::Copy, {DType::I32}, {run_copy});
+  add_row(rows, OpKind::Copy, {DType::I8}, {run_copy});
+  for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
+    add_row(rows, OpKind::Dequantize, {d, DType::F32}, {run_copy});
+  }
 }
 
 }  // namespace tandem::cuda

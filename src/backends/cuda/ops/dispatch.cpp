@@ -1,52 +1,22 @@
-// The CUDA backend's kernel rows: its capability table and its dispatch, in one list.
+// The CUDA backend's kernel rows, family by family: its capability table and its dispatch.
+// A family file adds its own rows; a new family adds one line here.
 #include "ops.h"
 #include "tandem/error.h"
 
 namespace tandem::cuda {
 
+void add_copy_kernels(KernelTable<Kernel>& rows);  // Copy, Dequantize
+void add_get_rows_kernels(KernelTable<Kernel>& rows);
+void add_matmul_kernels(KernelTable<Kernel>& rows);
+void add_quantized_matmul_kernels(KernelTable<Kernel>& rows);
+void add_elementwise_kernels(KernelTable<Kernel>& rows);  // Add, Mul, Scale, Silu, Gelu, SwiGlu
+void add_softmax_kernels(KernelTable<Kernel>& rows);
+void add_norm_kernels(KernelTable<Kernel>& rows);  // RmsNorm, LayerNorm
+void add_rope_kernels(KernelTable<Kernel>& rows);
+void add_attention_kernels(KernelTable<Kernel>& rows);
+void add_kv_write_kernels(KernelTable<Kernel>& rows);
+
 namespace {
-
-// Kernels take rows and grid dims as 32-bit values; element offsets are 64-bit.
-constexpr int64_t kMaxKernelElements = (int64_t(1) << 31) - 1;
-
-KernelTable<Kernel> builtin_kernels() {
-  const std::vector<DType> convertible{DType::F32, DType::F16, DType::BF16, DType::Q8_0,
-                                       DType::Q4_0};
-  KernelTable<Kernel> t;
-  auto add = [&t](OpKind op, std::vector<DType> dtypes, Kernel kernel, std::string feature = {}) {
-    t.add(op, std::move(dtypes), kernel, kMaxKernelElements, std::move(feature));
-  };
-  add(OpKind::Copy, convertible, {run_copy});
-  add(OpKind::Copy, {DType::I32}, {run_copy});
-  add(OpKind::Copy, {DType::I8}, {run_copy});
-  for (DType d : convertible) add(OpKind::GetRows, {d, DType::I32, DType::F32}, {run_get_rows});
-  const Kernel matmul{run_matmul, matmul_scratch_bytes};
-  add(OpKind::MatMul, {DType::F32}, matmul, "tensor_cores");
-  add(OpKind::MatMul, {DType::F16, DType::F32}, matmul, "tensor_cores");
-  add(OpKind::MatMul, {DType::BF16, DType::F32}, matmul, "bf16");
-  const Kernel quantized{run_quantized_matmul, quantized_matmul_scratch_bytes};
-  add(OpKind::QuantizedMatMul, {DType::Q8_0, DType::F32}, quantized, "tensor_cores");
-  add(OpKind::QuantizedMatMul, {DType::Q4_0, DType::F32}, quantized, "tensor_cores");
-  add(OpKind::Add, {DType::F32}, {run_binary});
-  add(OpKind::Mul, {DType::F32}, {run_binary});
-  add(OpKind::Scale, {DType::F32}, {run_unary});
-  add(OpKind::Softmax, {DType::F32}, {run_softmax});
-  add(OpKind::RmsNorm, {DType::F32}, {run_norm});
-  add(OpKind::LayerNorm, {DType::F32}, {run_norm});
-  add(OpKind::Silu, {DType::F32}, {run_unary});
-  add(OpKind::Gelu, {DType::F32}, {run_unary});
-  add(OpKind::SwiGlu, {DType::F32}, {run_swiglu});
-  add(OpKind::Rope, {DType::F32, DType::I32}, {run_rope});
-  const Kernel attention{run_attention, attention_scratch_bytes};
-  add(OpKind::Attention, {DType::F32, DType::I32}, attention);
-  add(OpKind::Attention, {DType::F32, DType::F16, DType::I32}, attention);
-  for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
-    add(OpKind::Dequantize, {d, DType::F32}, {run_copy});
-  }
-  add(OpKind::KvWrite, {DType::F32, DType::I32}, {run_kv_write});
-  add(OpKind::KvWrite, {DType::F16, DType::F32, DType::I32}, {run_kv_write});
-  return t;
-}
 
 const Kernel& kernel_for(const OpContext& ctx, const NodeExecution& e) {
   static const std::vector<std::string> kNoFeatures;
@@ -61,7 +31,10 @@ const Kernel& kernel_for(const OpContext& ctx, const NodeExecution& e) {
 }  // namespace
 
 KernelTable<Kernel>& kernel_table() {
-  static KernelTable<Kernel> table = builtin_kernels();
+  static KernelTable<Kernel> table = rows_of_families<Kernel>(
+      {add_copy_kernels, add_get_rows_kernels, add_matmul_kernels, add_quantized_matmul_kernels,
+       add_elementwise_kernels, add_softmax_kernels, add_norm_kernels, add_rope_kernels,
+       add_attention_kernels, add_kv_write_kernels});
   return table;
 }
 

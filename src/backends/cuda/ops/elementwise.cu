@@ -69,8 +69,6 @@ __global__ void swiglu_kernel(const float* gate, const float* up, float* out, in
 
 constexpr int kThreads = 256;
 
-}  // namespace
-
 void run_binary(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
@@ -119,6 +117,16 @@ void run_swiglu(const OpContext& ctx, const NodeExecution& e) {
       static_cast<const float*>(e.inputs[0].data), static_cast<const float*>(e.inputs[1].data),
       static_cast<float*>(e.output.data), n);
   ctx.check_launch("swiglu");
+}
+
+}  // namespace
+
+void add_elementwise_kernels(KernelTable<Kernel>& rows) {
+  for (OpKind op : {OpKind::Add, OpKind::Mul}) add_row(rows, op, {DType::F32}, {run_binary});
+  for (OpKind op : {OpKind::Scale, OpKind::Silu, OpKind::Gelu}) {
+    add_row(rows, op, {DType::F32}, {run_unary});
+  }
+  add_row(rows, OpKind::SwiGlu, {DType::F32}, {run_swiglu});
 }
 
 }  // namespace tandem::cuda

@@ -21,8 +21,6 @@ __global__ void get_rows_kernel(const uint8_t* table, DType dtype, int64_t row_b
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) orow[i] = load_f32(dtype, row, i);
 }
 
-}  // namespace
-
 void run_get_rows(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& table = *e.inputs[0].desc;
   const int64_t n = e.inputs[1].desc->ne[0];
@@ -31,6 +29,14 @@ void run_get_rows(const OpContext& ctx, const NodeExecution& e) {
       table.ne[0], static_cast<const int32_t*>(e.inputs[1].data),
       static_cast<float*>(e.output.data), ctx.error_flag);
   ctx.check_launch("get_rows");
+}
+
+}  // namespace
+
+void add_get_rows_kernels(KernelTable<Kernel>& rows) {
+  for (DType d : convertible_dtypes()) {
+    add_row(rows, OpKind::GetRows, {d, DType::I32, DType::F32}, {run_get_rows});
+  }
 }
 
 }  // namespace tandem::cuda

@@ -20,8 +20,6 @@ __global__ void kv_write_kernel(const float* src, const int32_t* pos, uint8_t* c
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) store_f32(dtype, dst, i, s[i]);
 }
 
-}  // namespace
-
 void run_kv_write(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& cache = *e.output.desc;
   const TensorDesc& src = *e.inputs[1].desc;
@@ -31,6 +29,13 @@ void run_kv_write(const OpContext& ctx, const NodeExecution& e) {
       static_cast<uint8_t*>(e.output.data), cache.dtype, cache.nb[2], cache.ne[2], row,
       ctx.error_flag);
   ctx.check_launch("kv_write");
+}
+
+}  // namespace
+
+void add_kv_write_kernels(KernelTable<Kernel>& rows) {
+  add_row(rows, OpKind::KvWrite, {DType::F32, DType::I32}, {run_kv_write});
+  add_row(rows, OpKind::KvWrite, {DType::F16, DType::F32, DType::I32}, {run_kv_write});
 }
 
 }  // namespace tandem::cuda

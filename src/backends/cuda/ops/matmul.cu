@@ -14,13 +14,13 @@ cudaDataType_t cuda_type(DType d) {
   return d == DType::F16 ? CUDA_R_16F : d == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
-}  // namespace
-
 size_t matmul_scratch_bytes(const NodeExecution& e, int /*sm_count*/) {
   const TensorDesc& a = *e.inputs[0].desc;
   if (a.dtype == DType::F32) return 0;
   return align_up(size_t(e.inputs[1].desc->elements()) * 2, kScratchAlignment);
 }
+
+}  // namespace
 
 // out[n][m] = sum_k a[m][k] b[n][k]: column-major C (M x N) = A^T (A is K x M) times B (K x N).
 void gemm_batched(const OpContext& ctx, const char* op, const TensorDesc& a, const void* a_data,
@@ -62,6 +62,8 @@ void gemm_batched(const OpContext& ctx, const char* op, const TensorDesc& a, con
     }
 }
 
+namespace {
+
 void run_matmul(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
@@ -75,6 +77,15 @@ void run_matmul(const OpContext& ctx, const NodeExecution& e) {
   const bool bf16 = a.dtype == DType::BF16;
   convert_to_half(ctx, DType::F32, e.inputs[1].data, ctx.scratch, b.elements(), bf16, "matmul");
   gemm_batched(ctx, "matmul", a, e.inputs[0].data, a.dtype, b, ctx.scratch, a.dtype, out);
+}
+
+}  // namespace
+
+void add_matmul_kernels(KernelTable<Kernel>& rows) {
+  const Kernel matmul{run_matmul, matmul_scratch_bytes};
+  add_row(rows, OpKind::MatMul, {DType::F32}, matmul, "tensor_cores");
+  add_row(rows, OpKind::MatMul, {DType::F16, DType::F32}, matmul, "tensor_cores");
+  add_row(rows, OpKind::MatMul, {DType::BF16, DType::F32}, matmul, "bf16");
 }
 
 }  // namespace tandem::cuda

@@ -33,8 +33,6 @@ __global__ void norm_kernel(const float* x, const float* w, const float* b, floa
   }
 }
 
-}  // namespace
-
 void run_norm(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& x = *e.inputs[0].desc;
   const int64_t n = x.ne[0];
@@ -52,6 +50,13 @@ void run_norm(const OpContext& ctx, const NodeExecution& e) {
     norm_kernel<false><<<rows, threads, 0, ctx.stream>>>(xd, w, b, o, n, eps);
     ctx.check_launch("layer_norm");
   }
+}
+
+}  // namespace
+
+void add_norm_kernels(KernelTable<Kernel>& rows) {
+  for (OpKind op : {OpKind::RmsNorm, OpKind::LayerNorm})
+    add_row(rows, op, {DType::F32}, {run_norm});
 }
 
 }  // namespace tandem::cuda

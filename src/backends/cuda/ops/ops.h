@@ -54,33 +54,26 @@ struct Kernel {
   void (*run)(const OpContext& ctx, const NodeExecution& e) = nullptr;
   size_t (*scratch_bytes)(const NodeExecution& e, int sm_count) = nullptr;
 };
-// The backend's rows (ops/dispatch.cpp): its capability table and its dispatch.
+// The backend's rows: its capability table and its dispatch. Each op family's file
+// (ops/<family>.cu) adds the rows of its kernels; ops/dispatch.cpp lists the families.
 KernelTable<Kernel>& kernel_table();
+
+// Kernels take rows and grid dims as 32-bit values; element offsets are 64-bit.
+inline constexpr int64_t kMaxKernelElements = (int64_t(1) << 31) - 1;
+// Adds a row with the size limit every CUDA kernel shares.
+inline void add_row(KernelTable<Kernel>& rows, OpKind op, std::vector<DType> dtypes, Kernel kernel,
+                    std::string required_feature = {}) {
+  rows.add(op, std::move(dtypes), kernel, kMaxKernelElements, std::move(required_feature));
+}
 
 // Scratch bytes a node needs (0 for most ops).
 size_t op_scratch_bytes(const OpContext& ctx, const NodeExecution& e);
 // Runs one compute node through the first row covering it; throws Unsupported where none does.
 void run_op(const OpContext& ctx, const NodeExecution& e);
 
-// One launcher per op family (ops/<family>.cu).
-void run_binary(const OpContext& ctx, const NodeExecution& e);  // Add, Mul
-void run_unary(const OpContext& ctx, const NodeExecution& e);   // Scale, Silu, Gelu
-void run_swiglu(const OpContext& ctx, const NodeExecution& e);
-void run_norm(const OpContext& ctx, const NodeExecution& e);  // RmsNorm, LayerNorm
-void run_softmax(const OpContext& ctx, const NodeExecution& e);
-void run_rope(const OpContext& ctx, const NodeExecution& e);
-void run_get_rows(const OpContext& ctx, const NodeExecution& e);
-void run_copy(const OpContext& ctx, const NodeExecution& e);  // Copy, Dequantize
-void run_kv_write(const OpContext& ctx, const NodeExecution& e);
-void run_matmul(const OpContext& ctx, const NodeExecution& e);
-size_t matmul_scratch_bytes(const NodeExecution& e, int sm_count);
-void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e);
-size_t quantized_matmul_scratch_bytes(const NodeExecution& e, int sm_count);
 // Runs the first nodes of `segment` as one launch when they are matrix-vector products of the
 // same b (Q, K and V; gate and up); returns how many it ran (0: run the first node alone).
 size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment);
-void run_attention(const OpContext& ctx, const NodeExecution& e);
-size_t attention_scratch_bytes(const NodeExecution& e, int sm_count);
 // Largest batch (columns of b) served by the matrix-vector kernels.
 inline constexpr int64_t kMatvecMaxColumns = 8;
 

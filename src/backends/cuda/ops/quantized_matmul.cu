@@ -186,8 +186,6 @@ void launch_generic_matvec(const OpContext& ctx, const NodeExecution& e) {
   ctx.check_launch("quantized_matmul");
 }
 
-}  // namespace
-
 size_t quantized_matmul_scratch_bytes(const NodeExecution& e, int /*sm_count*/) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
@@ -224,6 +222,14 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
                   "quantized_matmul");
   gemm_batched(ctx, "quantized_matmul", a, a_half, DType::F16, b, b_half, DType::F16,
                static_cast<float*>(e.output.data));
+}
+
+}  // namespace
+
+void add_quantized_matmul_kernels(KernelTable<Kernel>& rows) {
+  const Kernel quantized{run_quantized_matmul, quantized_matmul_scratch_bytes};
+  add_row(rows, OpKind::QuantizedMatMul, {DType::Q8_0, DType::F32}, quantized, "tensor_cores");
+  add_row(rows, OpKind::QuantizedMatMul, {DType::Q4_0, DType::F32}, quantized, "tensor_cores");
 }
 
 size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment) {

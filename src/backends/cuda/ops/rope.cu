@@ -26,8 +26,6 @@ __global__ void rope_kernel(const float* x, const int32_t* pos, float* out, int6
   }
 }
 
-}  // namespace
-
 void run_rope(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& x = *e.inputs[0].desc;
   const int64_t n = x.elements();
@@ -37,6 +35,12 @@ void run_rope(const OpContext& ctx, const NodeExecution& e) {
       static_cast<float*>(e.output.data), x.ne[0], x.ne[1], n, e.node->params.n_rot,
       log(double(e.node->params.freq_base)));
   ctx.check_launch("rope");
+}
+
+}  // namespace
+
+void add_rope_kernels(KernelTable<Kernel>& rows) {
+  add_row(rows, OpKind::Rope, {DType::F32, DType::I32}, {run_rope});
 }
 
 }  // namespace tandem::cuda

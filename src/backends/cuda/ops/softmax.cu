@@ -29,8 +29,6 @@ __global__ void softmax_kernel(const float* x, const float* mask, float* out, in
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] *= inv;
 }
 
-}  // namespace
-
 void run_softmax(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const int64_t n = a.ne[0];
@@ -40,6 +38,12 @@ void run_softmax(const OpContext& ctx, const NodeExecution& e) {
       static_cast<const float*>(e.inputs[0].data), mask, static_cast<float*>(e.output.data), n,
       a.ne[1], e.node->params.scale);
   ctx.check_launch("softmax");
+}
+
+}  // namespace
+
+void add_softmax_kernels(KernelTable<Kernel>& rows) {
+  add_row(rows, OpKind::Softmax, {DType::F32}, {run_softmax});
 }
 
 }  // namespace tandem::cuda
