@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "cost_model_json.h"
+#include "tandem/blocks.h"
 #include "tandem/error.h"
 #include "tandem/hash.h"
 
@@ -350,7 +351,8 @@ class Calibrator {
     for (DType dt : {DType::Q4_0, DType::Q8_0, DType::F16, DType::BF16, DType::F32}) {
       for (const Shape& s : shapes) {
         // Full-precision weights at the largest shapes cost more to set up than they teach.
-        if (options_.quick && s.k * s.m > 4096 * 4096 && row_bytes(dt, 32) > 34) continue;
+        if (options_.quick && s.k * s.m > 4096 * 4096 && row_bytes(dt, 32) > sizeof(BlockQ8_0))
+          continue;
         Graph g;
         TensorId w = g.weight("w", dt, {s.k, s.m});
         TensorId x = g.input("x", DType::F32, {s.k, s.tokens});
@@ -568,12 +570,11 @@ std::string default_cost_profile_dir() {
 
 std::string default_cost_profile_path(std::span<const DeviceKey> keys) {
   // FNV-1a over every key's fields: stable across builds and runs.
-  uint64_t h = 0xcbf29ce484222325ull;
+  uint64_t h = kFnvOffset64;
   for (const DeviceKey& k : keys) {
     for (const std::string* s :
          {&k.backend, &k.kind, &k.host_cpu, &k.device, &k.driver, &k.features}) {
-      for (unsigned char c : *s) h = (h ^ c) * 0x100000001b3ull;
-      h = (h ^ 0xff) * 0x100000001b3ull;
+      h = fnv1a("\xff", fnv1a(*s, h));  // a separator byte after each field
     }
   }
   char name[64];
