@@ -74,6 +74,7 @@ void add_run(CLI::App& app, std::function<int()>& run) {
       TANDEM_CHECK_ARG(o->seed >= -1, "--seed", "must be >= 0, or -1 for a random seed");
       const std::string prompt_text = o->escape ? process_escapes(o->prompt) : o->prompt;
       EngineOptions eo = o->engine.to_options(o->strategy);
+      print_gpu_flags_warning(o->engine);
       eo.calibrate_if_missing = true;
       eo.learn = o->stats;  // timed ops refine the saved cost profile
       eo.learn_every = o->learn_every;
@@ -163,7 +164,9 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
     run = [o]() {
       std::vector<int32_t> ids = parse_ids(o->tokens, "--tokens");
       TANDEM_CHECK_ARG(!ids.empty(), "--tokens", "no token ids given");
-      Engine engine(o->engine.to_options(o->strategy));
+      const EngineOptions eo = o->engine.to_options(o->strategy);
+      print_gpu_flags_warning(o->engine);
+      Engine engine(eo);
       std::span<const float> logits = engine.eval(ids, o->all);
       std::ofstream f(o->out, std::ios::binary);
       f.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size_bytes()));
