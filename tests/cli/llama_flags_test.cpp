@@ -3,6 +3,10 @@
 // on a machine without a GPU say so; `devices` says why a backend this build knows is absent.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -99,6 +103,33 @@ TEST(LlamaFlags, RefusedByTheBinaryWithOneLineAndNothingOnStdout) {
   r = tandem("run -m " + m + " -p -cnv -n 0 --strategy cpu");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "-cnv\n");
+}
+
+TEST(LlamaFlags, PromptFromAFileLikeLlamaCpp) {
+  const std::string& m = tiny_model();
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tandem_prompt_file_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "prompt.txt").string();
+  std::ofstream(file) << "a\\nb\n";  // a\nb and a final newline, which llama.cpp drops
+  Result r = tandem("run -m " + m + " -n 0 --strategy cpu -f " + file);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "a\\nb\n");
+  r = tandem("run -m " + m + " -n 0 --strategy cpu -e --file " + file);
+  EXPECT_EQ(r.out, "a\nb\n");
+  // -p and -f exclude each other; one of them is needed; a missing file is named.
+  EXPECT_EQ(tandem("run -m " + m + " -p hi -f " + file).code, 2);
+  r = tandem("run -m " + m + " -n 1 --strategy cpu");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("-p TEXT or -f FILE"), std::string::npos) << r.err;
+  r = tandem("run -m " + m + " -n 1 --strategy cpu -f " + (dir / "missing.txt").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("[--file] cannot read"), std::string::npos) << r.err;
+  r = tandem("run -m " + m + " -n 1 --strategy cpu -f " + dir.string());
+  EXPECT_NE(r.err.find("is a directory"), std::string::npos) << r.err;
+  EXPECT_EQ(tandem("run -m " + m + " -p '' -n 1 --strategy cpu").code, 0)
+      << "an empty prompt is BOS";
+  std::filesystem::remove_all(dir);
 }
 
 TEST(LlamaFlags, GpuFlagsWithoutAGpuSaySoOnce) {
