@@ -19,6 +19,23 @@ std::vector<std::string> available_backend_ids() {
   return ids;
 }
 
+std::vector<AbsentBackend> absent_backends() {
+  std::vector<AbsentBackend> out;
+#ifndef TANDEM_HAVE_CPU_BACKEND
+  out.push_back({"cpu", "not built: this build has only the reference backend"});
+#endif
+#ifdef TANDEM_HAVE_CUDA_BACKEND
+  if (cuda_device_count() == 0) {
+    out.push_back({"cuda", "built, but no GPU found: " + cuda_absent_reason()});
+  }
+#else
+  out.push_back({"cuda",
+                 "not built in this CPU-only build; configure with -DTANDEM_CUDA=ON where the "
+                 "CUDA toolkit is installed"});
+#endif
+  return out;
+}
+
 std::shared_ptr<Backend> create_backend(std::string_view id, const BackendOptions& options) {
   (void)options;
   if (id == "reference") return make_reference_backend();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -177,6 +178,18 @@ std::string markdown_table(const std::vector<std::string>& header,
   out += "\n";
   for (const auto& row : rows) out += line(row);
   return out;
+}
+
+std::string read_text_file(const std::string& path, const char* flag) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw_error(ErrorCode::Io, flag, "'" + path + "' is a directory");
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw_error(ErrorCode::Io, flag, "cannot read '" + path + "'");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (f.bad()) throw_error(ErrorCode::Io, flag, "cannot read '" + path + "'");
+  return text;
 }
 
 void write_file(const std::string& path, const std::string& text, const char* flag) {

@@ -16,6 +16,8 @@ namespace tandem::cli {
 uint64_t parse_size(std::string_view text, std::string_view flag);
 // "1,2,3" or "1 2 3" -> ids. Throws InvalidArgument naming the flag.
 std::vector<int32_t> parse_ids(std::string_view text, std::string_view flag);
+// The whole of the file at `path`; Io error naming `flag` when it cannot be read.
+std::string read_text_file(const std::string& path, const char* flag);
 // Writes `text` to `path`; Io error naming `flag` when it cannot.
 void write_file(const std::string& path, const std::string& text, const char* flag);
 // llama.cpp's -e: \n \r \t \' \" \\ and \xHH become the characters; any other backslash

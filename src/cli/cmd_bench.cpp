@@ -83,6 +83,7 @@ int run_bench(const BenchOptions& o) {
   for (const auto& strategy : strategies) {
     for (size_t i = 0; i < ngl_count; ++i) o.engine.to_options(strategy, i);
   }
+  print_gpu_flags_warning(o.engine);
 
   std::vector<BenchResult> results;
   std::ostringstream summaries;

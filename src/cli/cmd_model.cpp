@@ -156,8 +156,10 @@ void add_inspect(CLI::App& app, std::function<int()>& run) {
 }
 
 void add_devices(CLI::App& app, std::function<int()>& run) {
-  auto* cmd = app.add_subcommand("devices",
-                                 "List every backend with its memory, features and capabilities");
+  auto* cmd =
+      app.add_subcommand("devices",
+                         "List every backend with its memory, features and capabilities, and why a "
+                         "backend this build knows of is absent");
   auto json = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json, "JSON output");
   cmd->callback([&run, json]() {
@@ -170,7 +172,11 @@ void add_devices(CLI::App& app, std::function<int()>& run) {
           nlohmann::json e = nlohmann::json::parse(describe_capabilities_json(*b));
           e["memory_total_bytes"] = b->memory().total_bytes;
           e["memory_free_bytes"] = b->memory().free_bytes;
+          e["available"] = true;
           j.push_back(e);
+        }
+        for (const auto& absent : absent_backends()) {
+          j.push_back({{"backend", absent.name}, {"available", false}, {"reason", absent.reason}});
         }
         std::cout << j.dump(2) << "\n";
         return 0;
@@ -184,6 +190,9 @@ void add_devices(CLI::App& app, std::function<int()>& run) {
                     format_bytes(m.total_bytes).c_str(), format_bytes(m.free_bytes).c_str(),
                     features.empty() ? "-" : features.c_str());
         std::cout << describe_capabilities(*b) << "\n";
+      }
+      for (const auto& absent : absent_backends()) {
+        std::printf("%s: absent: %s\n", absent.name.c_str(), absent.reason.c_str());
       }
       return 0;
     };

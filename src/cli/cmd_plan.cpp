@@ -90,6 +90,7 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
   cmd->callback([&run, o]() {
     run = [o]() {
       EngineOptions eo = o->engine.to_options(o->strategy);
+      print_gpu_flags_warning(o->engine);
       eo.record_events = false;
       Engine engine(eo);
       const std::vector<PhasePlan> phases = engine.plan_phases(o->n_prompt);

@@ -27,7 +27,7 @@ void add_run(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("run", "Generate text from a prompt");
   struct Opts {
     EngineFlags engine;
-    std::string prompt, strategy = "gpu", trace;
+    std::string prompt, prompt_file, strategy = "gpu", trace;
     int n_predict = 64, learn_every = 0;
     int64_t seed = 0;
     float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
@@ -36,7 +36,9 @@ void add_run(CLI::App& app, std::function<int()>& run) {
   };
   auto o = std::make_shared<Opts>();
   o->engine.add(*cmd);
-  cmd->add_option("-p,--prompt", o->prompt, "Prompt text")->required();
+  auto* prompt_option = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
+  cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from FILE (as llama.cpp's -f)")
+      ->excludes(prompt_option);
   cmd->add_flag("-e,--escape", o->escape,
                 "Process escapes in the prompt like llama.cpp: \\n \\r \\t \\' \\\" \\\\ \\xHH");
   cmd->add_option("-n,--n-predict", o->n_predict,
@@ -65,15 +67,24 @@ void add_run(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--stats", o->stats,
                 "Time every op (synchronizes; slower): estimated against actual per op type, "
                 "learned into the cost profile");
-  cmd->callback([&run, o]() {
-    run = [o]() {
+  cmd->callback([&run, o, prompt_option]() {
+    run = [o, prompt_option]() {
       TANDEM_CHECK_ARG(o->n_predict >= -1, "--n-predict",
                        "must be >= 0, or -1 to generate until the end of sequence or context "
                        "(got " +
                            std::to_string(o->n_predict) + ")");
       TANDEM_CHECK_ARG(o->seed >= -1, "--seed", "must be >= 0, or -1 for a random seed");
-      const std::string prompt_text = o->escape ? process_escapes(o->prompt) : o->prompt;
+      TANDEM_CHECK_ARG(prompt_option->count() > 0 || !o->prompt_file.empty(), "--prompt",
+                       "give a prompt with -p TEXT or -f FILE");
+      std::string prompt_raw = o->prompt;
+      if (!o->prompt_file.empty()) {
+        // As llama.cpp: the file's text without its final newline.
+        prompt_raw = read_text_file(o->prompt_file, "--file");
+        if (!prompt_raw.empty() && prompt_raw.back() == '\n') prompt_raw.pop_back();
+      }
+      const std::string prompt_text = o->escape ? process_escapes(prompt_raw) : prompt_raw;
       EngineOptions eo = o->engine.to_options(o->strategy);
+      print_gpu_flags_warning(o->engine);
       eo.calibrate_if_missing = true;
       eo.learn = o->stats;  // timed ops refine the saved cost profile
       eo.learn_every = o->learn_every;
@@ -163,7 +174,9 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
     run = [o]() {
       std::vector<int32_t> ids = parse_ids(o->tokens, "--tokens");
       TANDEM_CHECK_ARG(!ids.empty(), "--tokens", "no token ids given");
-      Engine engine(o->engine.to_options(o->strategy));
+      const EngineOptions eo = o->engine.to_options(o->strategy);
+      print_gpu_flags_warning(o->engine);
+      Engine engine(eo);
       std::span<const float> logits = engine.eval(ids, o->all);
       std::ofstream f(o->out, std::ios::binary);
       f.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size_bytes()));

@@ -81,6 +81,7 @@ void add_tune(CLI::App& app, std::function<int()>& run) {
       bool gpu = false;
       for (const auto& id : available_backend_ids()) gpu = gpu || id.rfind("cuda:", 0) == 0;
       EngineOptions base = o->engine.to_options(gpu ? "gpu" : "cpu");
+      print_gpu_flags_warning(o->engine);
       if (base.n_ctx == 0) base.n_ctx = o->n_prompt + o->n_gen + 1;
       base.record_events = false;
       std::vector<Variant> variants;

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "capacity.h"
 #include "cli_util.h"
 #include "gpu_setup.h"
 #include "tandem/error.h"
@@ -27,6 +28,14 @@ Engine::Engine(const EngineOptions& options)
   backend_options.cpu_threads = options.threads;
   auto backends = available_backends(backend_options);
   const GpuSetup gpus = setup_gpus(backends, options, strategy, int(config_.n_layer));
+  Capacity capacity;
+  for (const auto& t : file_.tensors()) capacity.weights_bytes += double(t.bytes);
+  capacity.n_ctx = n_ctx_;
+  capacity.kv_dtype = kv_dtype_;
+  capacity.kv_bytes = kv_cache_bytes(config_, n_ctx_, kv_dtype_);
+  add_gpu_budgets(capacity, backends, gpus, strategy);
+  capacity.host_bytes = double(host_available_bytes());
+  check_capacity(capacity);
   pins.insert(pins.end(), gpus.pins.begin(), gpus.pins.end());
   if (options.n_gpu_layers) {
     const int ngl = *options.n_gpu_layers;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <exception>
 
 #include "cli_util.h"
@@ -27,6 +28,9 @@ void check_strict_has_gpu(const std::string& strategy, const EngineOptions& o) {
   if (!o.strict || !wants_gpu || gpu_present()) return;
   std::string backends;
   for (const auto& id : available_backend_ids()) backends += (backends.empty() ? "" : ", ") + id;
+  for (const auto& absent : absent_backends()) {
+    if (absent.name == "cuda") backends += "; cuda: " + absent.reason;
+  }
   throw_error(ErrorCode::InvalidArgument, "--strict",
               "no GPU on this machine (backends: " + backends + "), so strategy '" + strategy +
                   "' can only fall back to the CPU; use --strategy cpu, or drop --strict to "
@@ -195,6 +199,28 @@ EngineOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_in
   }
   check_strict_has_gpu(o.strategy, o);
   return o;
+}
+
+std::string EngineFlags::gpu_flags_warning() const {
+  if (gpu_present()) return "";
+  std::vector<std::string> given;
+  if (!gpu_mem.empty()) given.push_back("--gpu-mem");
+  if (std::any_of(n_gpu_layers.begin(), n_gpu_layers.end(), [](int n) { return n > 0; })) {
+    given.push_back("--n-gpu-layers");
+  }
+  if (!tensor_split.empty()) given.push_back("--tensor-split");
+  if (given.empty()) return "";
+  std::string flags, why;
+  for (const auto& f : given) flags += (flags.empty() ? "" : ", ") + f;
+  for (const auto& absent : absent_backends()) {
+    if (absent.name == "cuda") why = " (cuda: " + absent.reason + ")";
+  }
+  return flags + ": no GPU on this machine, so everything runs on the CPU" + why;
+}
+
+void print_gpu_flags_warning(const EngineFlags& flags) {
+  const std::string warning = flags.gpu_flags_warning();
+  if (!warning.empty()) std::fprintf(stderr, "tandem: warning: %s\n", warning.c_str());
 }
 
 }  // namespace tandem::cli

@@ -33,6 +33,12 @@ struct EngineFlags {
   // Options for one strategy and one -ngl value (index into n_gpu_layers); validates every
   // value and names the flag at fault, before any model is loaded.
   EngineOptions to_options(const std::string& strategy, size_t ngl_index = 0) const;
+  // "" or, when GPU flags (--gpu-mem, -ngl above 0, -ts) are given on a machine without a GPU,
+  // a warning that they change nothing, with the reason no GPU is available.
+  std::string gpu_flags_warning() const;
 };
+
+// Prints flags.gpu_flags_warning() to stderr, when there is one.
+void print_gpu_flags_warning(const EngineFlags& flags);
 
 }  // namespace tandem::cli

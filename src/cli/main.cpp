@@ -6,8 +6,10 @@
 #include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "commands.h"
+#include "llama_flags.h"
 #include "tandem/error.h"
 
 int main(int argc, char** argv) {
@@ -16,26 +18,6 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Every subcommand's help");
   std::function<int()> run;
   tandem::cli::add_commands(app, run);
-  // llama.cpp spells some flags with one dash and several letters; CLI11 wants two dashes.
-  const std::pair<const char*, const char*> llama_spellings[] = {{"-ngl", "--ngl"},
-                                                                 {"-fa", "--flash-attn"},
-                                                                 {"-ot", "--override-tensor"},
-                                                                 {"-ts", "--tensor-split"},
-                                                                 {"-sm", "--split-mode"}};
-  for (int i = 1; i < argc; ++i) {
-    for (const auto& [llama, ours] : llama_spellings) {
-      if (std::string(argv[i]) == llama) argv[i] = const_cast<char*>(ours);
-    }
-    // -o was run's tensor override before; llama.cpp's is -ot (bench's -o is the format).
-    const std::string sub = argv[1];
-    if ((sub == "run" || sub == "logits") && std::string(argv[i]) == "-o") {
-      std::fprintf(stderr,
-                   "tandem: error: -o: %s has no -o; the tensor override is -ot/--override-tensor "
-                   "(bench's -o is the output format)\n",
-                   argv[1]);
-      return 2;
-    }
-  }
   std::string known;
   bool is_known = false;
   for (const auto* sub : app.get_subcommands({})) {
@@ -47,6 +29,15 @@ int main(int argc, char** argv) {
                  known.c_str());
     return 2;
   }
+  // llama.cpp's spellings: one-dash long flags rewritten, the flags Tandem lacks refused by name.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (const std::string error = tandem::cli::translate_llama_flags(args); !error.empty()) {
+    std::fprintf(stderr, "tandem: error: %s\n", error.c_str());
+    return 2;
+  }
+  std::vector<char*> translated{argv[0]};
+  for (auto& arg : args) translated.push_back(arg.data());
+  argv = translated.data();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -3,7 +3,10 @@
 // and jsonl; -p/-n/-ngl take comma lists; --stats never reaches a timed figure.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -132,6 +135,28 @@ TEST(Bench, StatsRunIsSeparateFromTheTimedRuns) {
   for (const auto& row : nlohmann::json::parse(json.out)) {
     EXPECT_EQ(row["samples_ns"].size(), 3u) << "the --stats run is not a sample";
   }
+}
+
+TEST(Bench, TraceRunIsSeparateFromTheTimedRuns) {
+  const std::string& m = tiny_model();
+  const fs::path trace =
+      fs::temp_directory_path() / ("tandem_bench_trace_" + std::to_string(getpid()) + ".json");
+  Result json =
+      tandem("bench -m " + m + " -p 8 -n 2 -r 3 --strategy cpu -o json --trace " + trace.string());
+  ASSERT_EQ(json.code, 0) << json.err;
+  for (const auto& row : nlohmann::json::parse(json.out)) {
+    EXPECT_EQ(row["samples_ns"].size(), 3u) << "the traced run is not a sample";
+  }
+  ASSERT_TRUE(fs::exists(trace));
+  std::ifstream file(trace);
+  const auto events = nlohmann::json::parse(file);
+  EXPECT_FALSE(events.empty());
+  fs::remove(trace);
+  // The timed engine runs with timing off: its summary has no measured op times.
+  Result md = tandem("bench -m " + m + " -p 8 -n 2 -r 3 --strategy cpu --trace " + trace.string());
+  ASSERT_EQ(md.code, 0) << md.err;
+  EXPECT_NE(md.out.find("op times not measured"), std::string::npos) << md.out;
+  fs::remove(trace);
 }
 
 }  // namespace

@@ -51,18 +51,24 @@ bool poll_until(int spin_us, Done done) {
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
               std::atomic<uint32_t>::is_always_lock_free);
 
-// Sleeps while *word == expected (the kernel checks it atomically with going to sleep).
-void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, nullptr,
-          nullptr, 0);
-}
-
-void futex_wake_all(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr,
-          nullptr, 0);
-}
+class FutexParking final : public Parking {
+ public:
+  void wait(std::atomic<uint32_t>& word, uint32_t expected, Waiter) override {
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, nullptr,
+            nullptr, 0);
+  }
+  void wake_all(std::atomic<uint32_t>& word) override {
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr,
+            nullptr, 0);
+  }
+};
 
 }  // namespace
+
+Parking& futex_parking() {
+  static FutexParking parking;
+  return parking;
+}
 
 int usable_cpu_count() {
   cpu_set_t set;
@@ -70,8 +76,8 @@ int usable_cpu_count() {
   return std::max(1, int(std::thread::hardware_concurrency()));
 }
 
-ThreadPool::ThreadPool(int threads, int spin_us)
-    : spin_us_(threads > usable_cpu_count() ? 0 : std::max(0, spin_us)) {
+ThreadPool::ThreadPool(int threads, int spin_us, Parking& parking)
+    : spin_us_(threads > usable_cpu_count() ? 0 : std::max(0, spin_us)), parking_(parking) {
   TANDEM_CHECK_ARG(threads >= 1, "cpu thread_pool",
                    "thread count must be >= 1 (got " + std::to_string(threads) + ")");
   workers_.reserve(size_t(threads - 1));
@@ -81,7 +87,7 @@ ThreadPool::ThreadPool(int threads, int spin_us)
 ThreadPool::~ThreadPool() {
   stop_.store(true, std::memory_order_seq_cst);
   generation_.fetch_add(1, std::memory_order_seq_cst);
-  futex_wake_all(&generation_);
+  parking_.wake_all(generation_);
   for (auto& w : workers_) w.join();
 }
 
@@ -110,7 +116,7 @@ void ThreadPool::run_part(int part) {
   // the caller sees the last part done, or this sees the caller asleep and wakes it.
   if (parts_done_.fetch_add(1, std::memory_order_seq_cst) + 1 == uint32_t(size()) &&
       caller_sleeping_.load(std::memory_order_seq_cst)) {
-    futex_wake_all(&parts_done_);
+    parking_.wake_all(parts_done_);
   }
 }
 
@@ -127,7 +133,8 @@ void ThreadPool::worker_loop() {
       while (!job_published()) {
         sleeping_workers_.fetch_add(1, std::memory_order_seq_cst);
         const uint32_t now = generation_.load(std::memory_order_seq_cst);
-        if (now == seen && !stop_.load(std::memory_order_seq_cst)) futex_wait(&generation_, seen);
+        if (now == seen && !stop_.load(std::memory_order_seq_cst))
+          parking_.wait(generation_, seen, Parking::Waiter::Worker);
         sleeping_workers_.fetch_sub(1, std::memory_order_seq_cst);
       }
     }
@@ -152,7 +159,7 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
   const uint32_t generation = generation_.load(std::memory_order_relaxed) + 1;
   claims_.store(uint64_t(generation) << 32, std::memory_order_release);
   generation_.store(generation, std::memory_order_seq_cst);
-  if (sleeping_workers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&generation_);
+  if (sleeping_workers_.load(std::memory_order_seq_cst) > 0) parking_.wake_all(generation_);
   int part = 0;
   while (claim(generation, &part)) run_part(part);
   const uint32_t parts = uint32_t(size());
@@ -162,7 +169,7 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
       caller_sleeping_.store(true, std::memory_order_seq_cst);
       const uint32_t done = parts_done_.load(std::memory_order_seq_cst);
       if (done == parts) break;
-      futex_wait(&parts_done_, done);
+      parking_.wait(parts_done_, done, Parking::Waiter::Caller);
     }
     caller_sleeping_.store(false, std::memory_order_relaxed);
   }

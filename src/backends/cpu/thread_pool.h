@@ -19,11 +19,28 @@ namespace tandem::cpu {
 // CPUs this thread may run on (its affinity mask), at least 1.
 int usable_cpu_count();
 
+// How a waiting thread of the pool sleeps and is woken: a futex by default. Tests substitute one
+// that records every sleep and wake, to check the handoff in chosen interleavings, without timing.
+class Parking {
+ public:
+  // A worker waits for the next job; the caller waits for the parts in progress.
+  enum class Waiter { Worker, Caller };
+  virtual ~Parking() = default;
+  // Sleeps while word == expected, compared atomically with going to sleep; may return early.
+  virtual void wait(std::atomic<uint32_t>& word, uint32_t expected, Waiter who) = 0;
+  // Wakes every thread sleeping on word.
+  virtual void wake_all(std::atomic<uint32_t>& word) = 0;
+};
+
+// The futex parking, shared by every pool.
+Parking& futex_parking();
+
 class ThreadPool {
  public:
   // threads >= 1 (the caller counts as one); spin_us: how long a waiting thread polls before
-  // it sleeps (0 when threads exceed usable_cpu_count()).
-  explicit ThreadPool(int threads, int spin_us = kDefaultSpinUs);
+  // it sleeps (0 when threads exceed usable_cpu_count()); parking: how it sleeps.
+  explicit ThreadPool(int threads, int spin_us = kDefaultSpinUs,
+                      Parking& parking = futex_parking());
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -50,6 +67,7 @@ class ThreadPool {
 
   std::vector<std::thread> workers_;
   const int spin_us_;
+  Parking& parking_;
   std::mutex run_mutex_;  // one job at a time
   // Futex words, so that no lock is shared on the handoff: a worker descheduled at any point
   // (even mid-wait) cannot block the caller. generation_ bumps for every job and for stop.

@@ -689,6 +689,16 @@ int cuda_device_count() {
   return n;
 }
 
+std::string cuda_absent_reason() {
+  int n = 0;
+  const cudaError_t status = cudaGetDeviceCount(&n);
+  if (status == cudaSuccess) {
+    return n == 0 ? "the CUDA runtime found no GPU" : "";
+  }
+  (void)cudaGetLastError();
+  return std::string("cudaGetDeviceCount: ") + cudaGetErrorString(status);
+}
+
 std::shared_ptr<Backend> make_cuda_backend(int device) {
   return std::make_shared<CudaBackend>(device);
 }

@@ -167,6 +167,7 @@ class CudaBackend final : public Backend {
 
 // The registry's entry points (src/backends/factories.h).
 int cuda_device_count();
+std::string cuda_absent_reason();
 std::shared_ptr<Backend> make_cuda_backend(int device);
 
 }  // namespace tandem
