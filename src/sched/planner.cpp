@@ -464,6 +464,71 @@ class Walk {
     return r;
   }
 
+  // Whether weight s stays in host memory for the whole step: pinned to a host backend, or left
+  // there by the whole-graph search.
+  bool lives_on_host(TensorId s) const {
+    const int p = weight_pin_[size_t(s)];
+    if (p >= 0) return c_.backends[size_t(c_.tensor_pin_backend[size_t(p)])]->host_accessible();
+    if (!searched_) return false;
+    const int h = searched_home_[size_t(s)];
+    return h < 0 || c_.backends[size_t(h)]->host_accessible();
+  }
+
+  // The ops on weights in host memory (llama.cpp's -ngl and -ot ...=cpu, or auto's residency) split
+  // at one point, decided at the first of them: the host computes those before it while the copy
+  // queue, which streams from the step's start, brings the weights of those after it, which a
+  // GPU runs as they land. The point minimizes the step's predicted end (simulated below). A
+  // prefill streams them all (the host is far slower); a decode step shares them. Returns the
+  // split rank, or -1 where the op is not one.
+  int host_split(const Node& n, int host) {
+    if (host_rank_.empty()) {
+      host_rank_.assign(g_.size(), -1);
+      const int gpu = first_ok(BackendKind::Gpu, true);
+      if (gpu < 0) return -1;
+      const BackendProfile& hp = c_.profiles[size_t(host)];
+      const BackendProfile& gp = c_.profiles[size_t(gpu)];
+      std::vector<double> cpu_us, gpu_us, copy_us;
+      for (const Node& m : g_.nodes()) {
+        if (!is_compute(m.op) || m.id < n.id) continue;
+        double bytes_us = 0.0;
+        for (TensorId in : m.inputs) {
+          const TensorId s = g_.storage_of(in);
+          if (g_.node(s).op != OpKind::Weight || !lives_on_host(s)) continue;
+          bytes_us += CostModel::stream_us(g_.tensor(s).bytes(), gp.link);
+        }
+        if (bytes_us <= 0.0) continue;
+        host_rank_[size_t(m.id)] = int(cpu_us.size());
+        cpu_us.push_back(CostModel::estimate(g_, m, hp).compute_us);
+        gpu_us.push_back(CostModel::estimate(g_, m, gp).compute_us);
+        copy_us.push_back(bytes_us);
+      }
+      // The step's end for each split k: the host runs ops [0, k) one after another; the copy
+      // queue streams the weights of ops [k, n) from where it stands, and the GPU runs each of
+      // those once its weights have landed and the op before it is done.
+      const size_t k_max = cpu_us.size();
+      double best = 0.0, cpu = 0.0;
+      split_ = 0;
+      for (size_t k = 0; k <= k_max; ++k) {
+        double t = now_us_ + cpu, queue = copy_free_us_[size_t(gpu)];
+        for (size_t i = k; i < k_max; ++i) {
+          queue += copy_us[i];
+          t = std::max(t, queue) + gpu_us[i];
+        }
+        if (k == 0 || t < best) {
+          best = t;
+          split_ = int(k);
+        }
+        if (k < k_max) cpu += cpu_us[k];
+      }
+      char buf[160];
+      std::snprintf(buf, sizeof buf,
+                    "host weights split: %d of %zu ops on %s, the rest streamed (step end %.1f us)",
+                    split_, k_max, c_.backends[size_t(host)]->backend_id().c_str(), best);
+      split_why_ = buf;
+    }
+    return host_rank_[size_t(n.id)] >= 0 ? split_ : -1;
+  }
+
   // The GPU that produced n's latest computed input, where n reads no weight or KV cache
   // and that GPU can run it; else kNoBackend.
   int follow_gpu(const Node& n, TensorId& latest) const {
@@ -624,14 +689,31 @@ class Walk {
     char buf[160];
     std::snprintf(buf, sizeof buf, "whole-graph search (step predicted %.1f us)",
                   searched_->predicted_us);
+    // Ops on weights the residency left in host memory share them as the gpu strategy does
+    // (host_split): the search prices each op alone and cannot see the copy queue run ahead.
+    int host = kNoBackend;
+    for (size_t h = 0; h < n_backends_; ++h) {
+      if (c_.group[h] == 0 && evals_[h].ok() &&
+          (host < 0 || evals_[h].cost.total_us() < evals_[size_t(host)].cost.total_us()))
+        host = int(h);
+    }
+    const int split = host >= 0 ? host_split(n, host) : -1;
+    if (split >= 0) {
+      if (host_rank_[size_t(n.id)] >= split) {
+        const int sb = best_streamed();
+        if (sb >= 0) {
+          choose_streamed(sel, sb, host, std::string(buf) + "; " + split_why_);
+          return true;
+        }
+      }
+      SelectionReason r;
+      r.kind = Kind::CostModel;
+      r.why = std::string(buf) + "; " + split_why_;
+      choose(sel, host, std::move(r), RejectReason::MoreExpensive, "");
+      return true;
+    }
     if (!se.weights.empty()) {
       if (!se.ok) return false;
-      int host = kNoBackend;
-      for (size_t h = 0; h < n_backends_; ++h) {
-        if (c_.group[h] == 0 && evals_[h].ok() &&
-            (host < 0 || evals_[h].cost.total_us() < evals_[size_t(host)].cost.total_us()))
-          host = int(h);
-      }
       choose_streamed(sel, b, host, buf);
       return true;
     }
@@ -680,11 +762,16 @@ class Walk {
       }
     }
     if (pin >= 0 && pinned_weight && may_stream && c_.backends[size_t(pin)]->host_accessible()) {
-      const int sb = streamed_over(pin);
+      const int split = host_split(n, pin);
+      const int rank = host_rank_[size_t(n.id)];
+      const bool cpu_side = split >= 0 && rank >= 0 && rank < split && evals_[size_t(pin)].ok();
+      const int sb = cpu_side ? kNoBackend : split >= 0 ? best_streamed() : streamed_over(pin);
       if (sb >= 0) {
-        choose_streamed(sel, sb, evals_[size_t(pin)].check.ok() ? pin : kNoBackend, why);
+        choose_streamed(sel, sb, evals_[size_t(pin)].check.ok() ? pin : kNoBackend,
+                        split >= 0 ? why + "; " + split_why_ : why);
         return;
       }
+      if (cpu_side) why += "; " + split_why_;
     }
     if (pin < 0 && c_.op_pin[size_t(n.op)] >= 0) {
       pin = c_.op_pin[size_t(n.op)];
@@ -844,7 +931,10 @@ class Walk {
   std::vector<size_t> ring_reserved_;  // per device: staging memory reserved for streaming
   std::vector<size_t> streamed_by_;    // per device: weight bytes it streams each run
   double now_us_ = 0.0;                // the step's timeline: ops chosen so far, one after another
-  std::vector<double> copy_free_us_;   // per device: when its copy queue has landed what it took
+  std::vector<int> host_rank_;         // per node: its rank among ops on host-pinned weights, or -1
+  int split_ = -1;                     // ops of rank below it run on the host (host_split)
+  std::string split_why_;
+  std::vector<double> copy_free_us_;  // per device: when its copy queue has landed what it took
   size_t streamed_bytes_ = 0;
   std::vector<bool> excluded_;
   std::vector<uint8_t> hops_;

@@ -259,6 +259,39 @@ TEST(Scheduler, AHostWeightIsStreamedForABatchAndReadInPlaceForOneToken) {
   EXPECT_EQ(cpu_first.plan(prefill.g)->streamed_bytes, 0u);
 }
 
+TEST(Scheduler, OneTokenSharesHostWeightsBetweenTheCpuAndTheCopyQueue) {
+  // Eight layers on host-pinned 4 MiB weights, one column: the CPU reads a weight in ~42 us,
+  // the link carries it in ~168 us. The copy queue streams from the step's start while the CPU
+  // computes, so the best split puts the first layers on the CPU and streams the last (here
+  // seven and one: max(7 x 42, 168) beats all on the CPU, 8 x 42).
+  auto sched = HybridScheduler::builder()
+                   .with_backend(test::make_cpu())
+                   .with_backend(test::make_gpu())
+                   .pin_tensor("^blk\\.", "cpu")
+                   .build();
+  WideLayers decode(1, 8);
+  auto p = sched.plan(decode.g);
+  int on_cpu = 0;
+  bool streamed_after_cpu = true, seen_stream = false;
+  for (size_t l = 0; l < decode.mm.size(); ++l) {
+    const BackendSelection& sel = p->at(decode.mm[l]);
+    const bool streamed = sel.reason.kind == SelectionReason::Kind::Streamed;
+    EXPECT_NE(sel.reason.why.find("host weights split"), std::string::npos) << sel.reason.why;
+    if (streamed) {
+      seen_stream = true;
+      EXPECT_EQ(sel.backend->backend_id(), "gpu");
+    } else {
+      EXPECT_EQ(sel.backend->backend_id(), "cpu") << l;
+      on_cpu++;
+      streamed_after_cpu = streamed_after_cpu && !seen_stream;  // no CPU op after a streamed one
+    }
+  }
+  EXPECT_TRUE(seen_stream);
+  EXPECT_TRUE(streamed_after_cpu);
+  EXPECT_GT(on_cpu, 0);
+  EXPECT_EQ(p->streamed_bytes, size_t(8 - on_cpu) * 1024 * 1024 * 4);
+}
+
 TEST_P(StreamedTest, ATimelineTimesSegmentsAndCopiesWithoutPerOpEvents) {
   MiniModel model(rng_);
   const std::vector<test::ModelStep> steps = test::prefill_then_decode(rng_);
