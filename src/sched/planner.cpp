@@ -505,11 +505,16 @@ class Walk {
       // The step's end for each split k: the host runs ops [0, k) one after another; the copy
       // queue streams the weights of ops [k, n) from where it stands, and the GPU runs each of
       // those once its weights have landed and the op before it is done.
+      // Each change of device on the chain moves the activation once over the link.
       const size_t k_max = cpu_us.size();
+      const bool on_host = current_ >= 0 && c_.group[size_t(current_)] == 0;
+      const double hop_us = CostModel::transfer_us(g_.tensor(n.id).bytes(), gp.link);
       double best = 0.0, cpu = 0.0;
       split_ = 0;
       for (size_t k = 0; k <= k_max; ++k) {
-        double t = now_us_ + cpu, queue = copy_free_us_[size_t(gpu)];
+        double t = now_us_ + cpu + (k > 0 && !on_host ? hop_us : 0.0);
+        double queue = copy_free_us_[size_t(gpu)];
+        if (k < k_max && (k > 0 || on_host)) t += hop_us;
         for (size_t i = k; i < k_max; ++i) {
           queue += copy_us[i];
           t = std::max(t, queue) + gpu_us[i];
