@@ -479,8 +479,8 @@ class Walk {
   // queue, which streams from the step's start, brings the weights of those after it, which a
   // GPU runs as they land. The point minimizes the step's predicted end (simulated below). A
   // prefill streams them all (the host is far slower); a decode step shares them. Returns the
-  // split rank, or -1 where the op is not one.
-  int host_split(const Node& n, int host) {
+  // 1 where n runs on the host, 0 where it streams, -1 where it reads no such weight.
+  int host_side(const Node& n, int host) {
     if (host_rank_.empty()) {
       host_rank_.assign(g_.size(), -1);
       const int gpu = first_ok(BackendKind::Gpu, true);
@@ -509,29 +509,56 @@ class Walk {
       const size_t k_max = cpu_us.size();
       const bool on_host = current_ >= 0 && c_.group[size_t(current_)] == 0;
       const double hop_us = CostModel::transfer_us(g_.tensor(n.id).bytes(), gp.link);
-      double best = 0.0, cpu = 0.0;
-      split_ = 0;
-      for (size_t k = 0; k <= k_max; ++k) {
-        double t = now_us_ + cpu + (k > 0 && !on_host ? hop_us : 0.0);
-        double queue = copy_free_us_[size_t(gpu)];
-        if (k < k_max && (k > 0 || on_host)) t += hop_us;
-        for (size_t i = k; i < k_max; ++i) {
-          queue += copy_us[i];
-          t = std::max(t, queue) + gpu_us[i];
+      auto step_end = [&](const std::vector<bool>& host_side) {
+        double t = now_us_, queue = copy_free_us_[size_t(gpu)];
+        bool here = on_host;
+        for (size_t i = 0; i < k_max; ++i) {
+          if (host_side[i] != here) t += hop_us;
+          here = host_side[i];
+          if (here) {
+            t += cpu_us[i];
+          } else {
+            queue += copy_us[i];
+            t = std::max(t, queue) + gpu_us[i];
+          }
         }
-        if (k == 0 || t < best) {
+        return t;
+      };
+      // The best single split point, then single ops after it moved back to the host where
+      // that ends the step sooner (the last ops of a prefill read one token: the output matrix
+      // costs the host less than the queue).
+      host_side_.assign(k_max, false);
+      std::vector<bool> trial(k_max, false);
+      double best = step_end(trial);
+      size_t split = 0;
+      for (size_t k = 1; k <= k_max; ++k) {
+        trial[k - 1] = true;
+        const double t = step_end(trial);
+        if (t < best) {
           best = t;
-          split_ = int(k);
+          split = k;
         }
-        if (k < k_max) cpu += cpu_us[k];
       }
-      char buf[160];
+      for (size_t i = 0; i < split; ++i) host_side_[i] = true;
+      for (size_t i = k_max; i-- > split;) {
+        host_side_[i] = true;
+        const double t = step_end(host_side_);
+        if (t < best) {
+          best = t;
+        } else {
+          host_side_[i] = false;
+        }
+      }
+      const size_t on_cpu = size_t(std::count(host_side_.begin(), host_side_.end(), true));
+      char buf[192];
       std::snprintf(buf, sizeof buf,
-                    "host weights split: %d of %zu ops on %s, the rest streamed (step end %.1f us)",
-                    split_, k_max, c_.backends[size_t(host)]->backend_id().c_str(), best);
+                    "host weights split: %zu of %zu ops on %s (the first %zu), the rest streamed "
+                    "(step end %.1f us)",
+                    on_cpu, k_max, c_.backends[size_t(host)]->backend_id().c_str(), split, best);
       split_why_ = buf;
     }
-    return host_rank_[size_t(n.id)] >= 0 ? split_ : -1;
+    const int rank = host_rank_[size_t(n.id)];
+    return rank < 0 ? -1 : host_side_[size_t(rank)] ? 1 : 0;
   }
 
   // The GPU that produced n's latest computed input, where n reads no weight or KV cache
@@ -695,16 +722,16 @@ class Walk {
     std::snprintf(buf, sizeof buf, "whole-graph search (step predicted %.1f us)",
                   searched_->predicted_us);
     // Ops on weights the residency left in host memory share them as the gpu strategy does
-    // (host_split): the search prices each op alone and cannot see the copy queue run ahead.
+    // (host_side): the search prices each op alone and cannot see the copy queue run ahead.
     int host = kNoBackend;
     for (size_t h = 0; h < n_backends_; ++h) {
       if (c_.group[h] == 0 && evals_[h].ok() &&
           (host < 0 || evals_[h].cost.total_us() < evals_[size_t(host)].cost.total_us()))
         host = int(h);
     }
-    const int split = host >= 0 ? host_split(n, host) : -1;
-    if (split >= 0) {
-      if (host_rank_[size_t(n.id)] >= split) {
+    const int side = host >= 0 ? host_side(n, host) : -1;
+    if (side >= 0) {
+      if (side == 0) {
         const int sb = best_streamed();
         if (sb >= 0) {
           choose_streamed(sel, sb, host, std::string(buf) + "; " + split_why_);
@@ -767,13 +794,12 @@ class Walk {
       }
     }
     if (pin >= 0 && pinned_weight && may_stream && c_.backends[size_t(pin)]->host_accessible()) {
-      const int split = host_split(n, pin);
-      const int rank = host_rank_[size_t(n.id)];
-      const bool cpu_side = split >= 0 && rank >= 0 && rank < split && evals_[size_t(pin)].ok();
-      const int sb = cpu_side ? kNoBackend : split >= 0 ? best_streamed() : streamed_over(pin);
+      const int side = host_side(n, pin);
+      const bool cpu_side = side == 1 && evals_[size_t(pin)].ok();
+      const int sb = cpu_side ? kNoBackend : side == 0 ? best_streamed() : streamed_over(pin);
       if (sb >= 0) {
         choose_streamed(sel, sb, evals_[size_t(pin)].check.ok() ? pin : kNoBackend,
-                        split >= 0 ? why + "; " + split_why_ : why);
+                        side >= 0 ? why + "; " + split_why_ : why);
         return;
       }
       if (cpu_side) why += "; " + split_why_;
@@ -937,7 +963,7 @@ class Walk {
   std::vector<size_t> streamed_by_;    // per device: weight bytes it streams each run
   double now_us_ = 0.0;                // the step's timeline: ops chosen so far, one after another
   std::vector<int> host_rank_;         // per node: its rank among ops on host-pinned weights, or -1
-  int split_ = -1;                     // ops of rank below it run on the host (host_split)
+  std::vector<bool> host_side_;        // per rank: runs on the host (host_side)
   std::string split_why_;
   std::vector<double> copy_free_us_;  // per device: when its copy queue has landed what it took
   size_t streamed_bytes_ = 0;
