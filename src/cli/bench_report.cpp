@@ -11,9 +11,17 @@
 
 namespace tandem::cli {
 
+void start_bench_test(Engine& engine, int n_depth, std::mt19937& rng) {
+  engine.reset();
+  if (n_depth <= 0) return;
+  std::uniform_int_distribution<int32_t> token(0, int32_t(engine.config().n_vocab - 1));
+  std::vector<int32_t> context(static_cast<size_t>(n_depth));
+  for (auto& t : context) t = token(rng);
+  engine.eval(context);
+}
+
 void run_bench_test(Engine& engine, int n_prompt, int n_gen, std::mt19937& rng) {
   std::uniform_int_distribution<int32_t> token(0, int32_t(engine.config().n_vocab - 1));
-  engine.reset();
   if (n_prompt > 0) {
     std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
     for (auto& t : prompt) t = token(rng);
@@ -50,6 +58,7 @@ nlohmann::ordered_json to_json(const BenchResult& r) {
                            {"test", r.test},
                            {"n_prompt", r.n_prompt},
                            {"n_gen", r.n_gen},
+                           {"n_depth", r.n_depth},
                            {"repetitions", r.seconds.size()},
                            {"avg_ns", int64_t(ns.mean + 0.5)},
                            {"stddev_ns", int64_t(ns.stddev + 0.5)},
@@ -85,11 +94,14 @@ std::vector<double> BenchResult::tokens_per_s() const {
 }
 
 std::vector<double> time_test(int repetitions, const std::function<void()>& run,
-                              const std::function<double()>& now_s) {
+                              const std::function<double()>& now_s,
+                              const std::function<void()>& setup) {
   const auto& now = now_s ? now_s : std::function<double()>(steady_now_s);
+  if (setup) setup();
   run();  // warm-up, never part of a figure
   std::vector<double> seconds;
   for (int i = 0; i < repetitions; ++i) {
+    if (setup) setup();
     const double t0 = now();
     run();
     seconds.push_back(now() - t0);

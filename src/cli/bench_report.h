@@ -12,14 +12,19 @@ namespace tandem::cli {
 
 class Engine;
 
-// One llama-bench test on `engine`, once: n_prompt > 0 evaluates that many random tokens at
-// once (ppN); otherwise n_gen tokens are generated one by one (tgN). Tokens come from `rng`.
+// Before each run of a test (untimed): an empty context, then `n_depth` random tokens evaluated
+// at once, as llama-bench's -d (a test at depth N runs after N tokens of context).
+void start_bench_test(Engine& engine, int n_depth, std::mt19937& rng);
+// One llama-bench test on `engine`, once, after start_bench_test: n_prompt > 0 evaluates that
+// many random tokens at once (ppN); otherwise n_gen tokens are generated one by one (tgN).
+// Tokens come from `rng`.
 void run_bench_test(Engine& engine, int n_prompt, int n_gen, std::mt19937& rng);
 
 struct BenchResult {
   std::string model, strategy, test, placement;
   std::optional<int> n_gpu_layers;
   int n_prompt = 0, n_gen = 0;
+  int n_depth = 0;              // tokens of context before the test (not counted in t/s)
   std::vector<double> seconds;  // one per timed repetition, in order
 
   int n_tokens() const { return n_prompt + n_gen; }
@@ -27,9 +32,11 @@ struct BenchResult {
 };
 
 // Runs `run` once untimed (uploads weights, builds plans, warms caches), then `repetitions`
-// times timed with `now_s` (seconds; steady clock unless a test passes its own).
+// times timed with `now_s` (seconds; steady clock unless a test passes its own). `setup`, when
+// given, runs before every run and is never timed (the context of a test at depth).
 std::vector<double> time_test(int repetitions, const std::function<void()>& run,
-                              const std::function<double()>& now_s = {});
+                              const std::function<double()>& now_s = {},
+                              const std::function<void()>& setup = {});
 
 // The output formats of llama-bench that Tandem writes; `format` is one of them.
 inline const std::vector<std::string>& bench_output_formats() {

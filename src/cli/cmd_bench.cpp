@@ -36,7 +36,7 @@ std::vector<std::string> default_strategies() {
 struct BenchOptions {
   EngineFlags engine;
   std::vector<std::string> strategies;
-  std::vector<int> n_prompt{512}, n_gen{128};
+  std::vector<int> n_prompt{512}, n_gen{128}, n_depth{0};
   int reps = 5;
   std::string output = "md";
   uint64_t seed = 1;
@@ -44,19 +44,23 @@ struct BenchOptions {
   std::string trace;
 };
 
-// The tests of one engine: ppN evaluates N random tokens at once, tgN generates N one by one.
+// The tests of one engine: ppN evaluates N random tokens at once, tgN generates N one by one;
+// "@ dD" after D tokens of context (llama-bench's names).
 struct BenchTest {
   std::string name;
-  int n_prompt = 0, n_gen = 0;
+  int n_prompt = 0, n_gen = 0, n_depth = 0;
 };
 
 std::vector<BenchTest> bench_tests(const BenchOptions& o) {
   std::vector<BenchTest> tests;
-  for (int p : o.n_prompt) {
-    if (p > 0) tests.push_back({"pp" + std::to_string(p), p, 0});
-  }
-  for (int n : o.n_gen) {
-    if (n > 0) tests.push_back({"tg" + std::to_string(n), 0, n});
+  for (int d : o.n_depth) {
+    const std::string at = d > 0 ? " @ d" + std::to_string(d) : "";
+    for (int p : o.n_prompt) {
+      if (p > 0) tests.push_back({"pp" + std::to_string(p) + at, p, 0, d});
+    }
+    for (int n : o.n_gen) {
+      if (n > 0) tests.push_back({"tg" + std::to_string(n) + at, 0, n, d});
+    }
   }
   return tests;
 }
@@ -67,6 +71,7 @@ int run_bench(const BenchOptions& o) {
                    "-o/--output-format", "must be md, csv, json or jsonl (got " + o.output + ")");
   for (int v : o.n_prompt) TANDEM_CHECK_ARG(v >= 0, "--n-prompt", "must be >= 0");
   for (int v : o.n_gen) TANDEM_CHECK_ARG(v >= 0, "--n-gen", "must be >= 0");
+  for (int v : o.n_depth) TANDEM_CHECK_ARG(v >= 0, "--n-depth", "must be >= 0");
   const std::vector<BenchTest> tests = bench_tests(o);
   TANDEM_CHECK_ARG(!tests.empty(), "--n-prompt/--n-gen",
                    "need a positive prompt or generation length");
@@ -78,7 +83,7 @@ int run_bench(const BenchOptions& o) {
                                                   : default_strategies();
   const size_t ngl_count = std::max<size_t>(1, o.engine.n_gpu_layers.size());
   int max_tokens = 1;
-  for (const auto& t : tests) max_tokens = std::max(max_tokens, t.n_prompt + t.n_gen);
+  for (const auto& t : tests) max_tokens = std::max(max_tokens, t.n_depth + t.n_prompt + t.n_gen);
   // Every flag is checked before the first model load.
   for (const auto& strategy : strategies) {
     for (size_t i = 0; i < ngl_count; ++i) o.engine.to_options(strategy, i);
@@ -102,10 +107,18 @@ int run_bench(const BenchOptions& o) {
             engine.config().name + " " + std::to_string(engine.config().n_layer) + "L";
         Progress progress("bench " + label, tests.size());
         for (size_t t = 0; t < tests.size(); ++t) {
-          BenchResult r{model,           strategy,          tests[t].name,  "",
-                        eo.n_gpu_layers, tests[t].n_prompt, tests[t].n_gen, {}};
+          BenchResult r{model,
+                        strategy,
+                        tests[t].name,
+                        "",
+                        eo.n_gpu_layers,
+                        tests[t].n_prompt,
+                        tests[t].n_gen,
+                        tests[t].n_depth,
+                        {}};
           r.seconds = time_test(
-              o.reps, [&] { run_bench_test(engine, tests[t].n_prompt, tests[t].n_gen, rng); });
+              o.reps, [&] { run_bench_test(engine, tests[t].n_prompt, tests[t].n_gen, rng); }, {},
+              [&] { start_bench_test(engine, tests[t].n_depth, rng); });
           r.placement = engine.placement_summary();
           results.push_back(r);
           progress.update(t + 1);
@@ -118,9 +131,16 @@ int run_bench(const BenchOptions& o) {
         // A separate, untimed pass: every test once to warm up, then once on a device timeline.
         eo.timing = TimingMode::Timeline;
         Engine engine(eo);
-        for (const auto& test : tests) run_bench_test(engine, test.n_prompt, test.n_gen, rng);
+        for (const auto& test : tests) {
+          start_bench_test(engine, test.n_depth, rng);
+          run_bench_test(engine, test.n_prompt, test.n_gen, rng);
+        }
         engine.executor().telemetry().clear_telemetry();
-        for (const auto& test : tests) run_bench_test(engine, test.n_prompt, test.n_gen, rng);
+        for (const auto& test : tests) {
+          start_bench_test(engine, test.n_depth, rng);
+          if (test.n_depth > 0) engine.executor().telemetry().clear_telemetry();
+          run_bench_test(engine, test.n_prompt, test.n_gen, rng);
+        }
         const size_t configs = strategies.size() * ngl_count;
         const size_t index = (&strategy - strategies.data()) * ngl_count + ngl_index;
         const std::string path =
@@ -133,7 +153,10 @@ int run_bench(const BenchOptions& o) {
         eo.timing = TimingMode::PerOp;
         eo.learn = true;
         Engine engine(eo);
-        for (const auto& test : tests) run_bench_test(engine, test.n_prompt, test.n_gen, rng);
+        for (const auto& test : tests) {
+          start_bench_test(engine, test.n_depth, rng);
+          run_bench_test(engine, test.n_prompt, test.n_gen, rng);
+        }
         summaries << "per-op times from one untimed run of every test:\n";
         engine.executor().telemetry().print_debug_summary(summaries);
         print_estimate_report(estimate_report(engine.executor().telemetry().get_telemetry()),
@@ -160,6 +183,11 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   cmd->add_option("-n,--n-gen", o->n_gen,
                   "Generated tokens, a comma list like llama-bench (0: no generation test)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("-d,--n-depth", o->n_depth,
+                  "Tokens of context before each test, a comma list like llama-bench's -d "
+                  "(the context is evaluated untimed before every repetition)")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("-r,--repetitions", o->reps,

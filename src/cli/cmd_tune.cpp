@@ -154,10 +154,15 @@ void add_tune(CLI::App& app, std::function<int()>& run) {
       for (size_t i = 0; i < variants.size(); ++i) {
         Variant& v = variants[i];
         Engine engine(v.options);
-        v.pp = median_rate(time_test(o->reps, [&] { run_bench_test(engine, o->n_prompt, 0, rng); }),
-                           o->n_prompt);
-        v.tg = median_rate(time_test(o->reps, [&] { run_bench_test(engine, 0, o->n_gen, rng); }),
-                           o->n_gen);
+        auto empty_context = [&] { start_bench_test(engine, 0, rng); };
+        v.pp = median_rate(
+            time_test(
+                o->reps, [&] { run_bench_test(engine, o->n_prompt, 0, rng); }, {}, empty_context),
+            o->n_prompt);
+        v.tg = median_rate(
+            time_test(
+                o->reps, [&] { run_bench_test(engine, 0, o->n_gen, rng); }, {}, empty_context),
+            o->n_gen);
         v.placement = engine.placement_summary();
         progress.update(i + 1);
       }

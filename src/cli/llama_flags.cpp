@@ -44,7 +44,6 @@ const std::vector<Refusal>& refusals() {
       {{"--numa", "-C", "--cpu-mask", "-Cr", "--cpu-range", "--cpu-strict", "--poll", "--prio"},
        "not supported: CPU affinity and priority are left to the system (taskset, nice)"},
       {{"-pg"}, "not supported: run the prompt and generation tests separately with -p and -n"},
-      {{"-d", "--n-depth"}, "not supported: bench tests start from an empty context"},
       {{"-ncmoe", "--n-cpu-moe", "-cmoe", "--cpu-moe"},
        "not supported: Tandem does not run mixture-of-experts models yet"},
       {{"-rpc", "--rpc"}, "not supported: Tandem runs on the devices of one machine"},

@@ -36,6 +36,25 @@ TEST(Bench, WarmUpRunIsNeverTimed) {
   EXPECT_EQ(seconds, (std::vector<double>{2.0, 2.0, 2.0}));
 }
 
+TEST(Bench, ContextBeforeEachRunIsNeverTimed) {
+  // The setup (a test's context at depth) costs 500 s on the fake clock before every run, the
+  // run 2 s: only the runs are timed, and the setup precedes the warm-up too.
+  double clock_s = 0.0;
+  std::vector<std::string> order;
+  auto setup = [&] {
+    clock_s += 500.0;
+    order.push_back("setup");
+  };
+  auto run = [&] {
+    clock_s += 2.0;
+    order.push_back("run");
+  };
+  std::vector<double> seconds = time_test(
+      2, run, [&] { return clock_s; }, setup);
+  EXPECT_EQ(seconds, (std::vector<double>{2.0, 2.0}));
+  EXPECT_EQ(order, (std::vector<std::string>{"setup", "run", "setup", "run", "setup", "run"}));
+}
+
 BenchResult result_with(std::vector<double> seconds) {
   BenchResult r;
   r.model = "m 2L";
@@ -119,6 +138,25 @@ TEST(Bench, ListsOfPromptGenAndNglRunEachValue) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--n-gpu-layers"), std::string::npos) << r.err;
   EXPECT_TRUE(r.out.empty()) << "checked before the first run: " << r.out;
+}
+
+TEST(Bench, DepthRunsEachTestAfterThatManyTokensOfContext) {
+  // llama-bench's -d: every test of every depth, named "tgN @ dD", n_depth in the report; the
+  // context must fit (tiny's context length is far above 8 + 16 + 4).
+  const std::string& m = tiny_model();
+  Result r = tandem("bench -m " + m + " -p 4 -n 4 -d 0,16 -r 1 --strategy cpu -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  std::vector<std::string> seen;
+  for (const auto& row : j) {
+    seen.push_back(row["test"].get<std::string>() + " " +
+                   std::to_string(row["n_depth"].get<int>()));
+    EXPECT_GT(row["avg_ts"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"pp4 0", "tg4 0", "pp4 @ d16 16", "tg4 @ d16 16"}));
+  r = tandem("bench -m " + m + " -p 4 -n 0 -d -1 -r 1 --strategy cpu");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--n-depth"), std::string::npos) << r.err;
 }
 
 TEST(Bench, StatsRunIsSeparateFromTheTimedRuns) {

@@ -75,7 +75,6 @@ TEST(LlamaFlags, FlagsTandemLacksAreRefusedByName) {
       {{"bench", "-mmp", "0"}, "-mmp", "memory-maps"},
       {{"run", "-dev", "cuda0"}, "-dev", "--strategy"},
       {{"bench", "-pg", "512,128"}, "-pg", "-p and -n"},
-      {{"bench", "-d", "512"}, "-d", "empty context"},
       {{"run", "--numa", "distribute"}, "--numa", "not supported"},
       {{"run", "-xyz"}, "-xyz", "unknown flag"},
   };
