@@ -308,7 +308,7 @@ void Walk::apply(const Node& n, const BackendSelection& sel) {
       continue;
     }
     PlannedCopy copy{PlannedCopy::Kind::Activation, s, n.id, -1, b, bytes};
-    copy.from = (m & kHostBit) ? -1 : group_backend_[size_t(__builtin_ctzll(m))];
+    if (m != 0 && !(m & kHostBit)) copy.from = group_backend_[size_t(__builtin_ctzll(m))];
     if (m == 0) {  // a cache created here
       used_[size_t(b)] += bytes;
     } else if ((sop == OpKind::Weight && gb != 0) ||
