@@ -5,6 +5,7 @@
 # (cuda:0), from the calibration alone and after one learning run, with each run's noise floor
 # (scripts/estimate_error.py), and a table.
 # Usage (repo root, .gpu-tools/ holding the GPU kit): OUT=/tmp/out bash scripts/gpu_calibrate.sh
+# (CALIBRATE_FLAGS=--quick measures what run and bench calibrate on first use)
 # $OUT keeps at most 7 small files: calibrate.txt, one summary per model and device (4),
 # table.txt and, when a build fails, its log.
 set -u
@@ -19,7 +20,7 @@ export XDG_CACHE_HOME=/tmp/tandem-calibrate-cache
 rm -rf "$XDG_CACHE_HOME"
 THREADS=${THREADS:-16}
 t0=$(date +%s)
-timeout 300 $B calibrate -t "$THREADS" -v >"$OUT/calibrate.txt" 2>&1 || { tail -20 "$OUT/calibrate.txt"; exit 1; }
+timeout 300 $B calibrate ${CALIBRATE_FLAGS:-} -t "$THREADS" -v >"$OUT/calibrate.txt" 2>&1 || { tail -20 "$OUT/calibrate.txt"; exit 1; }
 echo "calibrate: $(($(date +%s) - t0)) s"
 grep -E "^(cpu|cuda)|measured in|link to device|cost profile written" "$OUT/calibrate.txt"
 

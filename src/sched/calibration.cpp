@@ -1,6 +1,7 @@
 #include "tandem/calibration.h"
 
 #include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -12,9 +13,15 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "cost_model_json.h"
 #include "tandem/blocks.h"
+#include "tandem/bytes.h"
 #include "tandem/error.h"
 #include "tandem/hash.h"
 
@@ -194,6 +201,7 @@ struct Budget {
 };
 constexpr Budget kQuickBudget{5, 31, 60e3};
 constexpr Budget kFullBudget{11, 101, 600e3};
+constexpr double kQuickMaxRunUs = 20e3;
 
 // Host data for one tensor: random values in [-1, 1] (converted to its dtype), written one row
 // and then repeated, so a large weight costs one conversion; positions count up to `pos_end`
@@ -222,12 +230,55 @@ std::vector<uint8_t> host_data(const TensorDesc& t, int64_t pos_end, int64_t id_
 // caches no longer hold them (each matmul streams megabytes of weights through them); timed
 // back to back on the same buffers, a small op would run from L1 and a weight that fits the
 // last-level cache from there. So on host memory every buffer is flushed to DRAM before each run.
+// (Flushing only weights and caches, since activations were just written, was tried on
+// 2026-11-26 on a 16-thread host: the one-token elementwise estimates fell to a fifth of their
+// time in a graph, where each op also pays the thread pool's wake-up; the median error rose.)
+
+// clflush is ordered against every other clflush: on some hosts (a 300 MiB L3 measured 2026-11-26)
+// flushing the quick calibration's buffers took 5.2 of its 5.7 s. clflushopt is not, and large
+// buffers are split over threads.
+#if defined(__x86_64__) || defined(__i386__)
+bool has_clflushopt() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return (b >> 23) & 1u;  // CPUID.(EAX=7,ECX=0):EBX.CLFLUSHOPT[bit 23]
+}
+
+__attribute__((target("clflushopt"))) void flush_lines_opt(const char* p, size_t bytes) {
+  constexpr size_t kLine = 64;
+  for (size_t off = 0; off < bytes; off += kLine) __builtin_ia32_clflushopt(p + off);
+}
+
+void flush_lines(const char* p, size_t bytes) {
+  static const bool opt = has_clflushopt();
+  constexpr size_t kLine = 64;
+  if (opt) {
+    flush_lines_opt(p, bytes);
+  } else {
+    for (size_t off = 0; off < bytes; off += kLine) __builtin_ia32_clflush(p + off);
+  }
+}
+#endif
+
+constexpr size_t kFlushBytesPerThread = size_t(8) << 20;
+constexpr unsigned kMaxFlushThreads = 8;
 
 void flush_from_caches(const void* data, size_t bytes) {
 #if defined(__x86_64__) || defined(__i386__)
-  constexpr size_t kLine = 64;
   const auto* p = static_cast<const char*>(data);
-  for (size_t off = 0; off < bytes; off += kLine) __builtin_ia32_clflush(p + off);
+  const unsigned threads = static_cast<unsigned>(std::min<size_t>(
+      {bytes / kFlushBytesPerThread, kMaxFlushThreads, std::thread::hardware_concurrency()}));
+  if (threads < 2) {
+    flush_lines(p, bytes);
+  } else {
+    const size_t chunk = align_up(bytes / threads, 64);
+    std::vector<std::thread> workers;
+    for (size_t off = chunk; off < bytes; off += chunk) {
+      workers.emplace_back(flush_lines, p + off, std::min(chunk, bytes - off));
+    }
+    flush_lines(p, std::min(chunk, bytes));
+    for (std::thread& w : workers) w.join();
+  }
   __builtin_ia32_mfence();
 #else
   (void)data;
@@ -258,14 +309,20 @@ class Calibrator {
   }
 
  private:
-  // Each line ends with the seconds since calibration of this backend began, so a slow phase
-  // shows where the time went.
+  using Clock = std::chrono::steady_clock;
+  static double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  }
+
+  // Each line ends with the seconds since calibration of this backend began and, for the ops
+  // timed since the last line, the seconds spent preparing inputs, flushing them from the caches
+  // and running the op (warm-up included), so a slow phase shows where the time went.
   void say(const std::string& line) {
     if (!options_.progress) return;
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    char at[32];
-    std::snprintf(at, sizeof at, " (%.2f s)", s);
+    char at[128];
+    std::snprintf(at, sizeof at, " (%.2f s; setup %.2f, flush %.2f, runs %.2f)",
+                  seconds_since(start_), spent_.setup, spent_.flush, spent_.runs);
+    spent_ = {};
     options_.progress(line + at);
   }
 
@@ -274,6 +331,7 @@ class Calibrator {
                  double& median_us) {
     const Node& node = g.node(node_id);
     if (!b_.can_execute(g, node)) return false;
+    const Clock::time_point setup_start = Clock::now();
     std::map<TensorId, Buffer> buffers;
     try {
       for (size_t i = 0; i < node.inputs.size(); ++i) {
@@ -296,29 +354,49 @@ class Calibrator {
     NodeExecution exec = execution_of(
         g, node, [&](TensorId id) { return buffers.at(id == node_id ? out_storage : id).data(); });
     b_.synchronize();
+    spent_.setup += seconds_since(setup_start);
+    const Clock::time_point warm_up = Clock::now();
     b_.execute(g, exec);  // warm-up: lazily built kernels, page faults
     b_.synchronize();
+    spent_.runs += seconds_since(warm_up);
     std::vector<double> times;
     double spent = 0.0;
     for (int r = 0; r < reps && (r < 3 || spent < budget_.max_point_us); ++r) {
       if (b_.host_accessible()) {
+        const Clock::time_point flush = Clock::now();
         for (const auto& [id, buffer] : buffers) flush_from_caches(buffer.data(), buffer.bytes());
+        spent_.flush += seconds_since(flush);
       }
+      const Clock::time_point run = Clock::now();
       b_.timer_start();
       b_.execute(g, exec);
       times.push_back(b_.timer_stop_us());
+      spent_.runs += seconds_since(run);
       spent += times.back();
     }
     median_us = median(times);
     return true;
   }
 
+  // A quick calibration skips a shape whose run would take longer than kQuickMaxRunUs, predicted
+  // from the largest shape of the same op key measured so far at the same rate: the large
+  // prefill shapes cost milliseconds on a GPU, and seconds on a small CPU.
+  bool too_slow_for_quick(const OpWork& w, const std::vector<OpSample>& samples) const {
+    if (!options_.quick || samples.empty()) return false;
+    const OpSample& largest = samples.back();
+    const double predicted_us = largest.us * (w.flops + w.bytes) / (largest.flops + largest.bytes);
+    return predicted_us > kQuickMaxRunUs;
+  }
+
   void record(const Graph& g, TensorId node_id, int64_t pos_end = 0, int64_t id_limit = 0) {
-    double us = 0.0;
-    if (!time_node(g, node_id, budget_.reps, pos_end, id_limit, us)) return;
     const Node& node = g.node(node_id);
     const OpWork w = op_work(g, node);
-    std::vector<OpSample>& samples = profile_.op_samples[op_key(g, node)];
+    const OpKey key = op_key(g, node);
+    const auto known = profile_.op_samples.find(key);
+    if (known != profile_.op_samples.end() && too_slow_for_quick(w, known->second)) return;
+    double us = 0.0;
+    if (!time_node(g, node_id, budget_.reps, pos_end, id_limit, us)) return;
+    std::vector<OpSample>& samples = profile_.op_samples[key];
     samples.push_back({w.flops, w.bytes, std::max(us, 1e-3)});
     std::sort(samples.begin(), samples.end(), [](const OpSample& a, const OpSample& b) {
       return a.flops + a.bytes < b.flops + b.bytes;
@@ -341,8 +419,8 @@ class Calibrator {
     };
     std::vector<Shape> shapes;
     if (options_.quick) {
-      shapes = {
-          {1024, 1024, 1}, {2048, 8192, 1}, {4096, 14336, 1}, {1024, 1024, 32}, {2048, 2048, 128}};
+      shapes = {{1024, 1024, 1},   {2048, 8192, 1},   {4096, 14336, 1},  {1024, 1024, 32},
+                {2048, 2048, 128}, {4096, 4096, 512}, {4096, 14336, 512}};
     } else {
       shapes = {{1024, 1024, 1},  {2048, 2048, 1},   {4096, 4096, 1},
                 {2048, 8192, 1},  {4096, 14336, 1},  {1024, 1024, 16},
@@ -367,9 +445,10 @@ class Calibrator {
       int64_t head_dim, cache, tokens;
     };
     std::vector<Shape> shapes =
-        options_.quick ? std::vector<Shape>{{64, 256, 1}, {128, 2048, 1}, {64, 128, 32}}
-                       : std::vector<Shape>{{64, 256, 1},   {128, 512, 1}, {64, 2048, 1},
-                                            {128, 4096, 1}, {64, 128, 32}, {128, 512, 128}};
+        options_.quick
+            ? std::vector<Shape>{{64, 256, 1}, {128, 2048, 1}, {64, 128, 32}, {128, 512, 512}}
+            : std::vector<Shape>{{64, 256, 1},   {128, 512, 1}, {64, 2048, 1},
+                                 {128, 4096, 1}, {64, 128, 32}, {128, 512, 128}};
     constexpr int64_t kHeads = 32, kKvHeads = 8;
     for (DType kv : {DType::F16, DType::F32}) {
       for (const Shape& s : shapes) {
@@ -391,7 +470,7 @@ class Calibrator {
       int64_t n, rows;
     };
     std::vector<Shape> shapes = options_.quick
-                                    ? std::vector<Shape>{{2048, 1}, {14336, 1}, {4096, 64}}
+                                    ? std::vector<Shape>{{2048, 1}, {14336, 1}, {4096, 512}}
                                     : std::vector<Shape>{{2048, 1},  {4096, 1},   {14336, 1},
                                                          {2048, 32}, {4096, 128}, {8192, 512}};
     constexpr int64_t kRopePosition = 1000;
@@ -517,7 +596,10 @@ class Calibrator {
   Backend& b_;
   const CalibrationOptions& options_;
   Budget budget_;
-  std::chrono::steady_clock::time_point start_;
+  Clock::time_point start_;
+  struct Spent {
+    double setup = 0.0, flush = 0.0, runs = 0.0;
+  } spent_;
   BackendProfile profile_;
   SplitMix64 rng_{0x5EED};
 };

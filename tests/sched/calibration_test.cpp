@@ -414,11 +414,14 @@ TEST(Calibration, DeviceLinkIsFittedEachWayAndOnlyDeclaredOpsAreTimed) {
   EXPECT_EQ(p.link.pinned_bandwidth_gbs, 0.0);  // this device keeps no page-locked copies
   ASSERT_FALSE(p.op_samples.empty());
   for (const auto& [key, samples] : p.op_samples) EXPECT_EQ(key.op, OpKind::Add);
-  // Each progress line ends with the seconds spent so far: "link (0.12 s)".
+  // Each progress line ends with the seconds spent so far and where they went:
+  // "link (0.12 s; setup 0.01, flush 0.00, runs 0.02)".
   EXPECT_NE(std::find_if(said.begin(), said.end(),
                          [](const std::string& l) {
                            return l.rfind("link (", 0) == 0 && l.back() == ')' &&
-                                  l.find(" s)") != std::string::npos;
+                                  l.find(" s; setup ") != std::string::npos &&
+                                  l.find(", flush ") != std::string::npos &&
+                                  l.find(", runs ") != std::string::npos;
                          }),
             said.end());
   const DeviceKey key = device_key(*gpu);
