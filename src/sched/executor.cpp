@@ -397,7 +397,7 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
           e.backend = dst.backend_id();
           e.source_backend = "host";
           e.transfer_bytes = c.bytes;
-          e.estimated_us = CostModel::transfer_us(c.bytes, m.profiles[size_t(c.backend)].link);
+          e.estimated_us = CostModel::stream_us(c.bytes, m.profiles[size_t(c.backend)].link);
           e.transfer_us = e.estimated_us;
           events.push_back(std::move(e));
         }

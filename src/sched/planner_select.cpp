@@ -112,46 +112,87 @@ int Walk::host_side(const Node& n, int host) {
     if (gpu < 0) return -1;
     const BackendProfile& hp = c_.profiles[size_t(host)];
     const BackendProfile& gp = c_.profiles[size_t(gpu)];
-    std::vector<double> cpu_us, gpu_us, copy_us;
+    // The rest of the step from `n` on, in order: each op on host weights (a rank: the host
+    // may run it, else the GPU once the queue has streamed its weights); the ops on weights
+    // resident on the GPU (the GPU runs them: the resident layers take their time on the
+    // timeline too); the ops on no weight, which follow the chain: on the GPU where it is,
+    // and where it is on the host, on the host unless the GPU with the hop costs less; and the
+    // ops the GPU cannot run, on the host.
+    enum class Runs { Either, Gpu, Follows, Host };
+    struct SimOp {
+      Runs runs;
+      int rank;  // Either: its rank among the host-weight ops
+      double cpu_us, gpu_us, copy_us;
+      double hop_us;  // its activation input over the link (one token's, in a prefill's last ops)
+    };
+    std::vector<SimOp> ops;
+    size_t k_max = 0;
     for (const Node& m : g_.nodes()) {
       if (!is_compute(m.op) || m.id < n.id) continue;
       double bytes_us = 0.0;
+      bool weight = false;
       for (TensorId in : m.inputs) {
         const TensorId s = g_.storage_of(in);
-        if (g_.node(s).op != OpKind::Weight || !lives_on_host(s)) continue;
-        bytes_us += CostModel::stream_us(g_.tensor(s).bytes(), gp.link);
+        if (g_.node(s).op != OpKind::Weight) continue;
+        weight = true;
+        if (lives_on_host(s)) bytes_us += CostModel::stream_us(g_.tensor(s).bytes(), gp.link);
       }
-      if (bytes_us <= 0.0) continue;
-      host_rank_[size_t(m.id)] = int(cpu_us.size());
-      cpu_us.push_back(CostModel::estimate(g_, m, hp).compute_us);
-      gpu_us.push_back(CostModel::estimate(g_, m, gp).compute_us);
-      copy_us.push_back(bytes_us);
+      const double cpu_us = CostModel::estimate(g_, m, hp).compute_us;
+      const double gpu_us = CostModel::estimate(g_, m, gp).compute_us;
+      size_t act_bytes = 0;
+      for (TensorId in : m.inputs) {
+        const OpKind op = g_.node(g_.storage_of(in)).op;
+        if (op != OpKind::Weight && op != OpKind::KvCache) act_bytes += g_.tensor(in).bytes();
+      }
+      const double hop_us = CostModel::transfer_us(act_bytes, gp.link);
+      if (!c_.backends[size_t(gpu)]->can_execute(g_, m)) {
+        ops.push_back({Runs::Host, -1, cpu_us, gpu_us, 0.0, hop_us});
+        continue;
+      }
+      if (bytes_us <= 0.0) {
+        ops.push_back({weight ? Runs::Gpu : Runs::Follows, -1, cpu_us, gpu_us, 0.0, hop_us});
+        continue;
+      }
+      host_rank_[size_t(m.id)] = int(k_max);
+      ops.push_back({Runs::Either, int(k_max++), cpu_us, gpu_us, bytes_us, hop_us});
     }
-    // The step's end for each split k: the host runs ops [0, k) one after another; the copy
-    // queue streams the weights of ops [k, n) from where it stands, and the GPU runs each of
-    // those once its weights have landed and the op before it is done.
-    // Each change of device on the chain moves the activation once over the link.
-    const size_t k_max = cpu_us.size();
+    // The step's end for a choice of host ops: the host runs its ops one after another; the
+    // copy queue streams the weights of the others in order from where it stands, and the GPU
+    // runs each op once its weights have landed and the op before it is done. Each change of
+    // device on the chain moves the activation once over the link.
     const bool on_host = current_ >= 0 && c_.group[size_t(current_)] == 0;
-    const double hop_us = CostModel::transfer_us(g_.tensor(n.id).bytes(), gp.link);
     auto step_end = [&](const std::vector<bool>& host_side) {
       double t = now_us_, queue = copy_free_us_[size_t(gpu)];
       bool here = on_host;
-      for (size_t i = 0; i < k_max; ++i) {
-        if (host_side[i] != here) t += hop_us;
-        here = host_side[i];
-        if (here) {
-          t += cpu_us[i];
+      for (const SimOp& op : ops) {
+        bool there = false;
+        switch (op.runs) {
+          case Runs::Either:
+            there = host_side[size_t(op.rank)];
+            break;
+          case Runs::Gpu:
+            break;
+          case Runs::Follows:
+            there = here && op.cpu_us <= op.hop_us + op.gpu_us;
+            break;
+          case Runs::Host:
+            there = true;
+            break;
+        }
+        if (there != here) t += op.hop_us;
+        here = there;
+        if (there) {
+          t += op.cpu_us;
         } else {
-          queue += copy_us[i];
-          t = std::max(t, queue) + gpu_us[i];
+          queue += op.copy_us;
+          t = std::max(t, op.copy_us > 0.0 ? queue : 0.0) + op.gpu_us;
         }
       }
       return t;
     };
     // The best single split point, then single ops after it moved back to the host where
     // that ends the step sooner (the last ops of a prefill read one token: the output matrix
-    // costs the host less than the queue).
+    // costs the host less than the queue). A move must gain kMinSplitGain of the step.
     host_side_.assign(k_max, false);
     std::vector<bool> trial(k_max, false);
     double best = step_end(trial);
@@ -159,7 +200,7 @@ int Walk::host_side(const Node& n, int host) {
     for (size_t k = 1; k <= k_max; ++k) {
       trial[k - 1] = true;
       const double t = step_end(trial);
-      if (t < best) {
+      if (t < best * (1.0 - kMinSplitGain)) {
         best = t;
         split = k;
       }
@@ -168,7 +209,7 @@ int Walk::host_side(const Node& n, int host) {
     for (size_t i = k_max; i-- > split;) {
       host_side_[i] = true;
       const double t = step_end(host_side_);
-      if (t < best) {
+      if (t < best * (1.0 - kMinSplitGain)) {
         best = t;
       } else {
         host_side_[i] = false;

@@ -18,6 +18,10 @@ namespace tandem::planner_walk {
 
 using Kind = SelectionReason::Kind;
 constexpr uint64_t kHostBit = 1;  // group 0: host memory
+// What moving host-weight ops between the CPU and the copy queue must gain on the simulated
+// step (host_side), as a fraction of it, to be made: a tiny weight taken off the queue while
+// the GPU waits for it anyway gains nothing real, and each move adds hops the step pays.
+constexpr double kMinSplitGain = 0.01;
 inline uint64_t bit(int group) {
   return 1ull << group;
 }

@@ -292,6 +292,38 @@ TEST(Scheduler, OneTokenSharesHostWeightsBetweenTheCpuAndTheCopyQueue) {
   EXPECT_EQ(p->streamed_bytes, size_t(8 - on_cpu) * 1024 * 1024 * 4);
 }
 
+TEST(Scheduler, ThePrefillSplitCountsTheResidentLayersBeforeTheHostOnes) {
+  // A host-pinned embedding first (cheap on the CPU), then 100 layers resident on the GPU
+  // (~11 us each at 256 columns), then 4 host-pinned layers: their weights (~168 us each on
+  // the link) have streamed long before the GPU reaches them, so each runs on the GPU. The
+  // CPU (~537 us a layer) would only delay the step; a split that ignored the resident
+  // layers' GPU time saw the copy queue as the bound and put the first host layer there.
+  auto sched = HybridScheduler::builder()
+                   .with_backend(test::make_cpu())
+                   .with_backend(test::make_gpu())
+                   .pin_tensor("^(token_embd|blk)\\.", "cpu")
+                   .build();
+  Graph g;
+  TensorId ids = g.input("ids", DType::I32, {256});
+  TensorId x = g.get_rows(g.weight("token_embd.weight", DType::F32, {1024, 1000}), ids);
+  for (int l = 0; l < 100; ++l) {
+    x = g.silu(g.matmul(g.weight("res." + std::to_string(l) + ".w", DType::F32, {1024, 1024}), x));
+  }
+  std::vector<TensorId> host_mm;
+  for (int l = 0; l < 4; ++l) {
+    host_mm.push_back(
+        g.matmul(g.weight("blk." + std::to_string(l) + ".w", DType::F32, {1024, 1024}), x));
+    x = g.silu(host_mm.back());
+  }
+  g.mark_output(x);
+  auto p = sched.plan(g);
+  for (size_t l = 0; l < host_mm.size(); ++l) {
+    const BackendSelection& sel = p->at(host_mm[l]);
+    EXPECT_EQ(sel.backend->backend_id(), "gpu") << l << ": " << sel.reason.to_string();
+    EXPECT_EQ(sel.reason.kind, SelectionReason::Kind::Streamed) << l;
+  }
+}
+
 TEST_P(StreamedTest, ATimelineTimesSegmentsAndCopiesWithoutPerOpEvents) {
   MiniModel model(rng_);
   const std::vector<test::ModelStep> steps = test::prefill_then_decode(rng_);
