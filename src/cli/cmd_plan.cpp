@@ -79,6 +79,7 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
     std::string strategy = "gpu";
     int64_t n_prompt = 512;
     bool json = false;
+    bool ops = false;
   };
   auto o = std::make_shared<Opts>();
   o->engine.add(*cmd);
@@ -87,6 +88,8 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens of the prefill step planned")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print the plan as JSON");
+  cmd->add_flag("--ops", o->ops,
+                "Also print every op of each phase: its backend, estimate and the reason");
   cmd->callback([&run, o]() {
     run = [o]() {
       EngineOptions eo = o->engine.to_options(o->strategy);
@@ -252,6 +255,7 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
           std::cout << "  layers " << l["layers"].get<std::string>() << ": "
                     << l["runs_on"].get<std::string>() << "\n";
         }
+        if (o->ops) phases[i].placement->print(std::cout, *phases[i].graph);
       }
       if (rp) {
         std::cout << "\ncandidates auto weighed (predicted t/s: prefill, decode; * chosen)\n";

@@ -194,6 +194,17 @@ TEST(Cli, PlanShowsWhereTensorsAndOpsGoWithoutRunning) {
                            "decode (1 token): predicted", "candidates auto weighed"}) {
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
   }
+  // --ops adds each op with its backend and the reason, for both phases.
+  Result ops = tandem("plan -m " + m + " --strategy cpu -p 8 --ops");
+  ASSERT_EQ(ops.code, 0) << ops.err;
+  size_t tables = 0;
+  for (size_t at = ops.out.find("est_us  reason"); at != std::string::npos;
+       at = ops.out.find("est_us  reason", at + 1)) {
+    ++tables;
+  }
+  EXPECT_EQ(tables, 2u) << ops.out;
+  EXPECT_NE(ops.out.find("matmul"), std::string::npos) << ops.out;
+  EXPECT_NE(ops.out.find("cpu_available"), std::string::npos) << ops.out;
   Result j = tandem("plan -m " + m + " --strategy cpu -p 8 --json");
   ASSERT_EQ(j.code, 0) << j.err;
   auto doc = nlohmann::json::parse(j.out);
