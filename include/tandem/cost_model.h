@@ -160,6 +160,9 @@ class CostModel {
   // A streamed weight's copy: from page-locked host memory (the executor keeps such copies of
   // streamed weights), at the pinned figures where measured, else the link's.
   static double stream_us(size_t bytes, const LinkProfile& link);
+  // An activation's copy over `hops` links: through the host arena, which is page-locked on a
+  // device that measured pinned figures (see Backend::allocate_host), else pageable.
+  static double activation_us(size_t bytes, const LinkProfile& link, int hops = 1);
   // compute_us without the learned factor.
   static double calibrated_compute_us(const OpWork& work, const OpKey& key,
                                       const BackendProfile& profile);

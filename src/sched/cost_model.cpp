@@ -92,6 +92,11 @@ double CostModel::stream_us(size_t bytes, const LinkProfile& link) {
   return double(bytes) / (link.pinned_bandwidth_gbs * 1e3) + link.pinned_latency_us;
 }
 
+double CostModel::activation_us(size_t bytes, const LinkProfile& link, int hops) {
+  if (hops <= 0) return 0.0;
+  return double(hops) * stream_us(bytes, link);
+}
+
 double CostModel::transfer_us(size_t bytes, const LinkProfile& link, int hops) {
   if (hops <= 0) return 0.0;
   return double(hops) * (double(bytes) / (link.bandwidth_gbs * 1e3) + link.latency_us);
@@ -123,8 +128,14 @@ OpCost CostModel::estimate(const Graph& graph, const Node& node, const BackendPr
     size_t bytes = graph.tensor(s).bytes();
     cost.memory_bytes += bytes;
     int hops = i < input_hops.size() ? input_hops[i] : 0;
-    const double runs = graph.node(s).op == OpKind::Weight ? weight_runs : 1.0;
-    cost.transfer_us += transfer_us(bytes, profile.link, hops) / runs;
+    const OpKind op = graph.node(s).op;
+    if (op == OpKind::Weight) {
+      cost.transfer_us += transfer_us(bytes, profile.link, hops) / weight_runs;
+    } else if (op == OpKind::KvCache) {
+      cost.transfer_us += transfer_us(bytes, profile.link, hops);
+    } else {
+      cost.transfer_us += activation_us(bytes, profile.link, hops);
+    }
   }
   const TensorDesc& out = graph.tensor(node.id);
   if (!out.is_view()) cost.memory_bytes += out.bytes();

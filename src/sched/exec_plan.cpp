@@ -423,7 +423,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
       if (t.src_group > 0 && g != 0) {
         hops = backends[size_t(t.src_backend)]->peer_copy_direct(*backends[size_t(b)]) ? 1 : 2;
       }
-      t.estimated_us = CostModel::transfer_us(t.bytes, profiles[size_t(link_backend)].link, hops);
+      t.estimated_us = CostModel::activation_us(t.bytes, profiles[size_t(link_backend)].link, hops);
     }
     valid[size_t(s)] |= 1ull << g;
     plan->transfers.push_back(t);

@@ -147,11 +147,10 @@ class ExecutionSearch {
   // Time to make an activation valid in group gb (for backend b), given the groups holding it.
   double move_us(uint8_t m, int gb, size_t b, size_t bytes) const {
     if (m & group_bit(gb)) return 0.0;
-    if (gb == 0)
-      return CostModel::transfer_us(bytes, c_.profiles[size_t(source_device(m))].link, 1);
-    double t = CostModel::transfer_us(bytes, c_.profiles[b].link, 1);
+    if (gb == 0) return CostModel::activation_us(bytes, c_.profiles[size_t(source_device(m))].link);
+    double t = CostModel::activation_us(bytes, c_.profiles[b].link);
     if (!(m & kHost))
-      t += CostModel::transfer_us(bytes, c_.profiles[size_t(source_device(m))].link, 1);
+      t += CostModel::activation_us(bytes, c_.profiles[size_t(source_device(m))].link);
     return t;
   }
 

@@ -144,7 +144,7 @@ int Walk::host_side(const Node& n, int host) {
         const OpKind op = g_.node(g_.storage_of(in)).op;
         if (op != OpKind::Weight && op != OpKind::KvCache) act_bytes += g_.tensor(in).bytes();
       }
-      const double hop_us = CostModel::transfer_us(act_bytes, gp.link);
+      const double hop_us = CostModel::activation_us(act_bytes, gp.link);
       if (!c_.backends[size_t(gpu)]->can_execute(g_, m)) {
         ops.push_back({Runs::Host, -1, cpu_us, gpu_us, 0.0, hop_us});
         continue;
