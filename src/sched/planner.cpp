@@ -8,7 +8,7 @@ Walk::Walk(const PlannerConfig& c, const Graph& g, const Residency& r, const Sea
     : c_(c), g_(g), n_backends_(c.backends.size()), searched_(sp) {
   const size_t n = g.size();
   loc_.assign(n, 0);
-  stream_copied_.resize(n);
+  stream_copied_.assign(n, 0);
   cache_home_.assign(n, kNoBackend);
   cache_written_.assign(n, false);
   producer_.assign(n, kNoBackend);
@@ -303,7 +303,9 @@ void Walk::apply(const Node& n, const BackendSelection& sel) {
     const size_t bytes = g_.tensor(s).bytes();
     if (std::find(sel.streamed.begin(), sel.streamed.end(), s) != sel.streamed.end()) {
       // Copied once per run, whichever of its readers on this device comes first.
-      if (!stream_copied_[size_t(s)].insert(b).second) continue;
+      uint64_t& copied = stream_copied_[size_t(s)];
+      if (copied & (1ull << b)) continue;
+      copied |= 1ull << b;
       copies_.push_back({PlannedCopy::Kind::Streamed, s, n.id, -1, b, bytes});
       continue;
     }

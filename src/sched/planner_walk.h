@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
-#include <set>
 #include <string>
 
 #include "tandem/bytes.h"
@@ -187,7 +186,7 @@ class Walk {
   std::vector<uint8_t> hops_;
   int current_ = kNoBackend;
   std::vector<PlannedCopy> copies_;
-  std::vector<std::set<int>> stream_copied_;  // per weight: devices it was streamed to
+  std::vector<uint64_t> stream_copied_;  // per weight: the backends it was streamed to (bits)
   std::vector<int> cache_home_;               // per KV cache: its backend in this run
   std::vector<bool> cache_written_;
   size_t transfers_ = 0;
