@@ -60,6 +60,10 @@ __device__ __forceinline__ float load_f32(DType dtype, const void* row, int64_t 
       const int q = j < kQBlock / 2 ? (b.qs[j] & 0x0f) : (b.qs[j - kQBlock / 2] >> 4);
       return float(q - 8) * f16_bits_to_f32(b.d);
     }
+    case DType::Q4_K:  // K-quants are never read element by element on the device
+    case DType::Q5_K:
+    case DType::Q6_K:
+      break;
   }
   return 0.0f;
 }
