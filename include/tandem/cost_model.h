@@ -160,7 +160,8 @@ class CostModel {
   // A streamed weight's copy: from page-locked host memory (the executor keeps such copies of
   // streamed weights), at the pinned figures where measured, else the link's.
   static double stream_us(size_t bytes, const LinkProfile& link);
-  // compute_us without the learned factor.
+  // compute_us without the learned factor. A K-quant key without samples uses the samples of the
+  // 32-element format of about its size (Q4_0 for Q4_K and Q5_K, Q8_0 for Q6_K).
   static double calibrated_compute_us(const OpWork& work, const OpKey& key,
                                       const BackendProfile& profile);
   // max(flops / peak, bytes / bandwidth) in microseconds.
