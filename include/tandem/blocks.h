@@ -4,6 +4,13 @@
 
 #include <cstdint>
 
+// The block helpers below also run in CUDA kernels.
+#if defined(__CUDACC__)
+#define TANDEM_HOST_DEVICE __host__ __device__
+#else
+#define TANDEM_HOST_DEVICE
+#endif
+
 namespace tandem {
 
 // ggml's block_q8_0 and block_q4_0: a float16 scale then the quants. Code that steps over
@@ -51,7 +58,7 @@ static_assert(sizeof(BlockQ6_K) == 210, "GGUF q6_K layout");
 // Sub-block j's (j < 8) 6-bit scale and min in Q4_K/Q5_K's packed 12 bytes: j < 4 in the low six
 // bits of bytes j and j + 4; j >= 4 in the nibbles of byte j + 4 plus the top two bits of bytes
 // j - 4 (scale) and j (min).
-inline void k_scale_min(int j, const uint8_t* q, uint8_t& scale, uint8_t& min) {
+TANDEM_HOST_DEVICE inline void k_scale_min(int j, const uint8_t* q, uint8_t& scale, uint8_t& min) {
   if (j < 4) {
     scale = q[j] & 63;
     min = q[j + 4] & 63;
@@ -62,7 +69,7 @@ inline void k_scale_min(int j, const uint8_t* q, uint8_t& scale, uint8_t& min) {
 }
 // The inverse: stores sub-block j's scale and min (each < 64). Sub-blocks go in order 0..7, as
 // j >= 4 adds bits to bytes that j - 4 wrote.
-inline void k_pack_scale_min(int j, uint8_t scale, uint8_t min, uint8_t* q) {
+TANDEM_HOST_DEVICE inline void k_pack_scale_min(int j, uint8_t scale, uint8_t min, uint8_t* q) {
   if (j < 4) {
     q[j] = scale;
     q[j + 4] = min;

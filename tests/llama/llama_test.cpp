@@ -132,14 +132,17 @@ std::string k_quant_model_path(DType dtype, SyntheticMix mix) {
   return paths[dtype] = path;
 }
 
-TEST(LlamaKQuants, CpuLogitsMatchTheReference) {
+TEST(LlamaKQuants, LogitsOfEveryBackendMatchTheReference) {
+  std::vector<std::string> strategies{"only:cpu", "gpu"};
+  const auto ids = available_backend_ids();
+  if (std::find(ids.begin(), ids.end(), "cuda:0") != ids.end()) strategies.push_back("only:cuda:0");
   for (auto [dtype, mix] : {std::pair{DType::Q4_K, SyntheticMix::KQuantMedium},
                             std::pair{DType::Q5_K, SyntheticMix::KQuantMedium},
                             std::pair{DType::Q6_K, SyntheticMix::Pure}}) {
     std::string path = k_quant_model_path(dtype, mix);
     auto tokens = random_tokens(9, 512);
     auto ref = all_logits(path, "only:reference", tokens);
-    for (const std::string strategy : {"only:cpu", "gpu"}) {
+    for (const std::string& strategy : strategies) {
       auto got = all_logits(path, strategy, tokens);
       ASSERT_EQ(ref.size(), got.size());
       const double e = nmse(ref, got);
