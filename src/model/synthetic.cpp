@@ -303,8 +303,8 @@ uint32_t synthetic_file_type(DType dtype, SyntheticMix mix) {
   throw_error(ErrorCode::InvalidArgument, kWhere,
               "dtype " + std::string(dtype_name(dtype)) +
                   (mix == SyntheticMix::KQuantMedium ? " with the medium mix" : "") +
-                  " is not a synthetic model type (f32, f16, q8_0, q4_0, q6_k; q4_k and q5_k "
-                  "with the medium mix)");
+                  " is not a synthetic model type (f32, f16, q8_0, q4_0, q6_k; q4_k and q5_k only "
+                  "as the medium mixes q4_k_m and q5_k_m)");
 }
 
 namespace {
