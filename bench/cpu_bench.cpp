@@ -1,5 +1,5 @@
-// CPU backend micro-benchmarks: STREAM-style copy bandwidth, Q4_0/Q8_0 matrix-vector products
-// (GB/s of weight bytes and % of the copy bandwidth of the same run), F32 1024^3 against
+// CPU backend micro-benchmarks: STREAM-style copy bandwidth, Q4_0/Q8_0/K-quant matrix-vector
+// products (GB/s of weight bytes and % of the copy bandwidth of the same run), F32 1024^3 against
 // OpenBLAS, and thread scaling of every kernel. Thread counts: TANDEM_BENCH_THREADS="1,2,4"
 // (default: 1 and the physical cores). Run with OPENBLAS_CORETYPE=SkylakeX.
 #include <benchmark/benchmark.h>
@@ -235,7 +235,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       std::printf("\n");
     };
     row("copy GB/s", "copy", "GBps");
-    for (const char* q : {"q4_0", "q8_0"})
+    for (const char* q : {"q4_0", "q8_0", "q4_k", "q5_k", "q6_k"})
       for (const char* shape : {"4096x14336", "14336x4096"}) {
         const std::string name = std::string("matvec_") + q + "_" + shape;
         row(name + " GB/s", name, "GBps");
@@ -267,7 +267,7 @@ void register_all(const std::vector<int>& threads) {
         ->Unit(benchmark::kMillisecond);
   };
   for (int t : threads) reg("copy", t, [t](benchmark::State& s) { bm_copy(s, t); });
-  for (DType q : {DType::Q4_0, DType::Q8_0}) {
+  for (DType q : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     const std::string qn(dtype_name(q));
     for (int t : threads) {
       reg("matvec_" + qn + "_4096x14336", t, [=](benchmark::State& s) {

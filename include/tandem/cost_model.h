@@ -163,7 +163,8 @@ class CostModel {
   // An activation's copy over `hops` links: through the host arena, which is page-locked on a
   // device that measured pinned figures (see Backend::allocate_host), else pageable.
   static double activation_us(size_t bytes, const LinkProfile& link, int hops = 1);
-  // compute_us without the learned factor.
+  // compute_us without the learned factor. A K-quant key without samples uses the samples of the
+  // 32-element format of about its size (Q4_0 for Q4_K and Q5_K, Q8_0 for Q6_K).
   static double calibrated_compute_us(const OpWork& work, const OpKey& key,
                                       const BackendProfile& profile);
   // max(flops / peak, bytes / bandwidth) in microseconds.

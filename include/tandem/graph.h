@@ -25,7 +25,7 @@ enum class OpKind : uint8_t {
   Copy,             // contiguous copy, may change dtype (cast, quantize)
   GetRows,          // table[:, ids] (embedding lookup) -> f32
   MatMul,           // a [K, M] (f32/f16/bf16) x b [K, N] (f32) -> f32 [M, N]
-  QuantizedMatMul,  // a [K, M] (q8_0/q4_0)    x b [K, N] (f32) -> f32 [M, N]
+  QuantizedMatMul,  // a [K, M] (q8_0/q4_0/K-quants) x b [K, N] (f32) -> f32 [M, N]
   Add,              // a + b, b broadcast over a (a.ne[i] % b.ne[i] == 0)
   Mul,              // a * b, same broadcast
   Scale,            // a * params.scale
@@ -37,7 +37,7 @@ enum class OpKind : uint8_t {
   Gelu,        // tanh approximation, as ggml
   SwiGlu,      // silu(gate) * up
   Attention,   // causal grouped-query attention of q over a KV cache, query t sees [0, pos[t]]
-  Dequantize,  // q8_0/q4_0/f16/bf16 -> f32
+  Dequantize,  // q8_0/q4_0/K-quants/f16/bf16 -> f32
   KvWrite,     // cache[:, :, pos[t]] = src[:, :, t]; the output aliases the cache
 };
 // The built-in ops; more may be registered at run time (tandem/op.h, below kMaxOpKinds).
@@ -80,7 +80,7 @@ class Graph {
   // Ops. Each checks its inputs and infers the output's shape and dtype.
   TensorId copy(TensorId a, DType dtype);
   TensorId get_rows(TensorId table, TensorId ids);
-  TensorId matmul(TensorId a, TensorId b);  // picks QuantizedMatMul for q8_0/q4_0 weights
+  TensorId matmul(TensorId a, TensorId b);  // picks QuantizedMatMul for quantized weights
   TensorId add(TensorId a, TensorId b);
   TensorId mul(TensorId a, TensorId b);
   TensorId scale(TensorId a, float s);

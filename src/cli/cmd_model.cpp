@@ -13,6 +13,7 @@
 #include "commands_impl.h"
 #include "tandem/error.h"
 #include "tandem/model/gguf.h"
+#include "tandem/model/llama_config.h"
 #include "tandem/model/synthetic.h"
 #include "tandem/model/tokenizer.h"
 #include "tandem/registry.h"
@@ -53,7 +54,7 @@ DType parse_dtype(const std::string& text, const std::string& flag) {
   auto d = dtype_from_name(text);
   if (!d) {
     throw_error(ErrorCode::InvalidArgument, flag,
-                "unknown type '" + text + "' (expected f32, f16, bf16, q8_0 or q4_0)");
+                "unknown type '" + text + "' (expected f32, f16, bf16, q8_0, q4_0 or q6_k)");
   }
   return *d;
 }
@@ -70,7 +71,10 @@ void add_synth(CLI::App& app, std::function<int()>& run) {
   auto o = std::make_shared<Opts>();
   cmd->add_option("--preset", o->preset, "tiny, small, llama-3.2-1b or llama-3.1-8b")
       ->capture_default_str();
-  cmd->add_option("--type", o->type, "Matrix type: f32, f16, q8_0 or q4_0")->capture_default_str();
+  cmd->add_option("--type", o->type,
+                  "Matrix type: f32, f16, q8_0, q4_0, or llama.cpp's K-quant mixes q4_k_m, q5_k_m "
+                  "and q6_k")
+      ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Weight seed")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Generator threads (0: all)");
   cmd->add_option("--n-layer", o->n_layer,
@@ -78,7 +82,12 @@ void add_synth(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("-o,--out", o->out, "Output GGUF path")->required();
   cmd->callback([&run, o]() {
     run = [o]() {
-      SyntheticSpec spec = synthetic_preset(o->preset, parse_dtype(o->type, "--type"), o->seed);
+      SyntheticSpec spec =
+          o->type == "q4_k_m"
+              ? synthetic_preset(o->preset, DType::Q4_K, o->seed, SyntheticMix::KQuantMedium)
+          : o->type == "q5_k_m"
+              ? synthetic_preset(o->preset, DType::Q5_K, o->seed, SyntheticMix::KQuantMedium)
+              : synthetic_preset(o->preset, parse_dtype(o->type, "--type"), o->seed);
       spec.threads = o->threads;
       TANDEM_CHECK_ARG(
           o->n_layer >= 0 && o->n_layer <= 1024, "--n-layer",
@@ -107,6 +116,14 @@ void add_inspect(CLI::App& app, std::function<int()>& run) {
   cmd->callback([&run, o]() {
     run = [o]() {
       gguf::File f = gguf::File::open(o->model);
+      // general.file_type by llama.cpp's name, as llama.cpp's loader prints it.
+      std::string file_type;
+      if (f.has("general.file_type")) {
+        const uint32_t id = uint32_t(f.get_uint("general.file_type"));
+        const std::string_view name = llama_file_type_name(id);
+        file_type =
+            (name.empty() ? "unknown" : std::string(name)) + " (" + std::to_string(id) + ")";
+      }
       std::map<std::string, std::pair<size_t, uint64_t>> per_dtype;
       for (const auto& t : f.tensors()) {
         auto& e = per_dtype[std::string(dtype_name(t.dtype))];
@@ -117,6 +134,7 @@ void add_inspect(CLI::App& app, std::function<int()>& run) {
         nlohmann::json j;
         j["file"] = o->model;
         j["version"] = f.version();
+        if (!file_type.empty()) j["file_type"] = file_type;
         for (const auto& [k, v] : f.metadata()) j["metadata"][k] = value_string(v);
         for (const auto& t : f.tensors()) {
           std::vector<int64_t> ne(t.ne.begin(), t.ne.begin() + t.n_dims);
@@ -130,8 +148,10 @@ void add_inspect(CLI::App& app, std::function<int()>& run) {
         std::cout << j.dump(2) << "\n";
         return 0;
       }
-      std::printf("%s: GGUF v%u, %zu metadata keys, %zu tensors\n\n", o->model.c_str(), f.version(),
+      std::printf("%s: GGUF v%u, %zu metadata keys, %zu tensors\n", o->model.c_str(), f.version(),
                   f.metadata().size(), f.tensors().size());
+      if (!file_type.empty()) std::printf("file type: %s\n", file_type.c_str());
+      std::printf("\n");
       std::vector<std::vector<std::string>> rows;
       for (const auto& [k, v] : f.metadata()) rows.push_back({k, value_string(v)});
       std::cout << markdown_table({"key", "value"}, rows) << "\n";

@@ -18,6 +18,9 @@ constexpr DTypeTraits kTraits[kDTypeCount] = {
     {"i8", 1, 1, false, false},
     {"q8_0", kQuantBlock, sizeof(BlockQ8_0), false, true},
     {"q4_0", kQuantBlock, sizeof(BlockQ4_0), false, true},
+    {"q4_k", kSuperBlock, sizeof(BlockQ4_K), false, true},
+    {"q5_k", kSuperBlock, sizeof(BlockQ5_K), false, true},
+    {"q6_k", kSuperBlock, sizeof(BlockQ6_K), false, true},
 };
 
 uint32_t float_bits(float f) {
@@ -175,6 +178,15 @@ void to_f32(DType dtype, const void* src, float* dst, int64_t n) {
     case DType::Q4_0:
       dequantize_row_q4_0(static_cast<const BlockQ4_0*>(src), dst, n);
       return;
+    case DType::Q4_K:
+      dequantize_row_q4_K(static_cast<const BlockQ4_K*>(src), dst, n);
+      return;
+    case DType::Q5_K:
+      dequantize_row_q5_K(static_cast<const BlockQ5_K*>(src), dst, n);
+      return;
+    case DType::Q6_K:
+      dequantize_row_q6_K(static_cast<const BlockQ6_K*>(src), dst, n);
+      return;
   }
   throw_error(ErrorCode::InvalidArgument, "to_f32", "unknown dtype");
 }
@@ -203,6 +215,15 @@ void from_f32(DType dtype, const float* src, void* dst, int64_t n) {
       return;
     case DType::Q4_0:
       quantize_row_q4_0(src, static_cast<BlockQ4_0*>(dst), n);
+      return;
+    case DType::Q4_K:
+      quantize_row_q4_K(src, static_cast<BlockQ4_K*>(dst), n);
+      return;
+    case DType::Q5_K:
+      quantize_row_q5_K(src, static_cast<BlockQ5_K*>(dst), n);
+      return;
+    case DType::Q6_K:
+      quantize_row_q6_K(src, static_cast<BlockQ6_K*>(dst), n);
       return;
   }
   throw_error(ErrorCode::InvalidArgument, "from_f32", "unknown dtype");

@@ -76,6 +76,47 @@ void check_tensor(const gguf::File& f, const std::string& name, Dims want, bool 
 
 }  // namespace
 
+std::string_view llama_file_type_name(uint32_t file_type) {
+  switch (file_type) {
+    case 0:
+      return "ALL_F32";
+    case 1:
+      return "MOSTLY_F16";
+    case 2:
+      return "MOSTLY_Q4_0";
+    case 3:
+      return "MOSTLY_Q4_1";
+    case 7:
+      return "MOSTLY_Q8_0";
+    case 8:
+      return "MOSTLY_Q5_0";
+    case 9:
+      return "MOSTLY_Q5_1";
+    case 10:
+      return "MOSTLY_Q2_K";
+    case 11:
+      return "MOSTLY_Q3_K_S";
+    case 12:
+      return "MOSTLY_Q3_K_M";
+    case 13:
+      return "MOSTLY_Q3_K_L";
+    case 14:
+      return "MOSTLY_Q4_K_S";
+    case 15:
+      return "MOSTLY_Q4_K_M";
+    case 16:
+      return "MOSTLY_Q5_K_S";
+    case 17:
+      return "MOSTLY_Q5_K_M";
+    case 18:
+      return "MOSTLY_Q6_K";
+    case 32:
+      return "MOSTLY_BF16";
+    default:
+      return "";
+  }
+}
+
 std::string llama_layer_tensor(int64_t layer, std::string_view suffix) {
   return "blk." + std::to_string(layer) + "." + std::string(suffix);
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -42,10 +43,49 @@ struct Generator {
   uint16_t scales[256];  // quantized: per-block f16 scales to draw from
 
   void prepare() {
-    int q_max = dtype == DType::Q4_0 ? 7 : 127;
+    // The largest value one block reaches per unit of its f16 scale: K-quants multiply it by a
+    // sub-block scale of up to 63 (Q6_K: 127) and center their quants with the min or offset.
+    float q_max = 127.0f;
+    switch (dtype) {
+      case DType::Q4_0:
+        q_max = 7.0f;
+        break;
+      case DType::Q4_K:
+        q_max = 7.5f * 63.0f;
+        break;
+      case DType::Q5_K:
+        q_max = 15.5f * 63.0f;
+        break;
+      case DType::Q6_K:
+        q_max = 32.0f * 127.0f;
+        break;
+      default:
+        break;
+    }
     for (int k = 0; k < 256; ++k) {
       // Scales vary per block (0.75..1.0 of the full range) so kernels see distinct scales.
-      scales[k] = f32_to_f16(amplitude / float(q_max) * (0.75f + 0.25f * float(k) / 255.0f));
+      scales[k] = f32_to_f16(amplitude / q_max * (0.75f + 0.25f * float(k) / 255.0f));
+    }
+  }
+
+  static void random_bytes(SplitMix64& rng, uint8_t* dst, size_t n) {
+    for (size_t i = 0; i < n; i += 8) {
+      const uint64_t r = rng.next();
+      for (size_t j = 0; j < 8 && i + j < n; ++j) dst[i + j] = uint8_t(r >> (8 * j));
+    }
+  }
+
+  // Q4_K / Q5_K: sub-block scales 32..63 and mins of half the scale against dmin = (levels - 1) *
+  // d, which centers every sub-block's values on zero.
+  template <class Block>
+  void fill_k_scales(SplitMix64& rng, Block& b, int levels) const {
+    b.d = scales[rng.next() >> 56];
+    b.dmin = f32_to_f16(f16_to_f32(b.d) * float(levels - 1));
+    std::memset(b.scales, 0, sizeof b.scales);
+    const uint64_t r = rng.next();
+    for (int j = 0; j < 8; ++j) {
+      const auto sc = uint8_t(32 + ((r >> (8 * j)) & 31));
+      k_pack_scale_min(j, sc, uint8_t(sc / 2), b.scales);
     }
   }
 
@@ -94,6 +134,37 @@ struct Generator {
         }
         break;
       }
+      case DType::Q4_K: {
+        BlockQ4_K* out = reinterpret_cast<BlockQ4_K*>(dst) + first;
+        for (int64_t b = 0; b < count; ++b) {
+          fill_k_scales(rng, out[b], 16);
+          random_bytes(rng, out[b].qs, sizeof out[b].qs);
+        }
+        break;
+      }
+      case DType::Q5_K: {
+        BlockQ5_K* out = reinterpret_cast<BlockQ5_K*>(dst) + first;
+        for (int64_t b = 0; b < count; ++b) {
+          fill_k_scales(rng, out[b], 32);
+          random_bytes(rng, out[b].qh, sizeof out[b].qh);
+          random_bytes(rng, out[b].qs, sizeof out[b].qs);
+        }
+        break;
+      }
+      case DType::Q6_K: {
+        BlockQ6_K* out = reinterpret_cast<BlockQ6_K*>(dst) + first;
+        for (int64_t b = 0; b < count; ++b) {
+          random_bytes(rng, out[b].ql, sizeof out[b].ql);
+          random_bytes(rng, out[b].qh, sizeof out[b].qh);
+          const uint64_t r0 = rng.next(), r1 = rng.next();
+          for (int j = 0; j < 16; ++j) {  // 64..127, positive as the quants are centered
+            const uint64_t r = j < 8 ? r0 : r1;
+            out[b].scales[j] = int8_t(64 + ((r >> (8 * (j % 8))) & 63));
+          }
+          out[b].d = scales[rng.next() >> 56];
+        }
+        break;
+      }
       default:
         throw_error(ErrorCode::InvalidArgument, kWhere,
                     "cannot generate dtype " + std::string(dtype_name(dtype)));
@@ -135,7 +206,7 @@ void generate(const Generator& gen, uint8_t* dst, int64_t units, int threads) {
 
 void check_spec(const SyntheticSpec& s) {
   auto in_range = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
-  synthetic_file_type(s.dtype);
+  synthetic_file_type(s.dtype, s.mix);
   TANDEM_CHECK_ARG(in_range(s.n_vocab, 260, 1 << 22), kWhere, "n_vocab must be in [260, 4M]");
   TANDEM_CHECK_ARG(in_range(s.n_embd, 1, 1 << 16) && in_range(s.n_ff, 1, 1 << 18) &&
                        in_range(s.n_layer, 1, 1024) && in_range(s.n_head, 1, 1024) &&
@@ -159,7 +230,8 @@ std::vector<std::string_view> synthetic_preset_names() {
   return {"tiny", "small", "llama-3.2-1b", "llama-3.1-8b"};
 }
 
-SyntheticSpec synthetic_preset(std::string_view preset, DType dtype, uint64_t seed) {
+SyntheticSpec synthetic_preset(std::string_view preset, DType dtype, uint64_t seed,
+                               SyntheticMix mix) {
   SyntheticSpec s;
   if (preset == "tiny") {
     // the defaults
@@ -202,26 +274,71 @@ SyntheticSpec synthetic_preset(std::string_view preset, DType dtype, uint64_t se
                 "unknown preset '" + std::string(preset) + "' (known: " + names + ")");
   }
   s.dtype = dtype;
+  s.mix = mix;
   s.seed = seed;
-  synthetic_file_type(dtype);
+  synthetic_file_type(dtype, mix);
   return s;
 }
 
-uint32_t synthetic_file_type(DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-      return 0;
-    case DType::F16:
-      return 1;
-    case DType::Q4_0:
-      return 2;
-    case DType::Q8_0:
-      return 7;
-    default:
-      throw_error(ErrorCode::InvalidArgument, kWhere,
-                  "dtype " + std::string(dtype_name(dtype)) +
-                      " is not a synthetic model dtype (f32, f16, q8_0, q4_0)");
+uint32_t synthetic_file_type(DType dtype, SyntheticMix mix) {
+  if (mix == SyntheticMix::KQuantMedium) {
+    if (dtype == DType::Q4_K) return 15;
+    if (dtype == DType::Q5_K) return 17;
+  } else {
+    switch (dtype) {
+      case DType::F32:
+        return 0;
+      case DType::F16:
+        return 1;
+      case DType::Q4_0:
+        return 2;
+      case DType::Q8_0:
+        return 7;
+      case DType::Q6_K:
+        return 18;
+      default:
+        break;
+    }
   }
+  throw_error(ErrorCode::InvalidArgument, kWhere,
+              "dtype " + std::string(dtype_name(dtype)) +
+                  (mix == SyntheticMix::KQuantMedium ? " with the medium mix" : "") +
+                  " is not a synthetic model type (f32, f16, q8_0, q4_0, q6_k; q4_k and q5_k only "
+                  "as the medium mixes q4_k_m and q5_k_m)");
+}
+
+namespace {
+
+// llama.cpp's use_more_bits: the first and last eighth of the layers and every third between.
+bool use_more_bits(int64_t layer, int64_t n_layer) {
+  return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
+}
+
+// "blk.<n>.<suffix>" -> n, or -1.
+int64_t layer_of(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  return std::strtoll(name.c_str() + 4, nullptr, 10);
+}
+
+}  // namespace
+
+DType synthetic_tensor_dtype(const SyntheticSpec& spec, const std::string& name, int64_t n_in) {
+  DType dtype = spec.dtype;
+  if (spec.mix == SyntheticMix::KQuantMedium) {
+    const bool output =
+        name == "output.weight" || (spec.tied_embeddings && name == "token_embd.weight");
+    const bool more_bits_kind = name.find("attn_v.weight") != std::string::npos ||
+                                name.find("ffn_down.weight") != std::string::npos;
+    if (output || (more_bits_kind && use_more_bits(layer_of(name), spec.n_layer))) {
+      dtype = DType::Q6_K;
+    }
+  }
+  if (is_k_quant(dtype) && n_in % kSuperBlock != 0) {
+    // Rows that are not whole super-blocks: llama.cpp falls back to Q5_0 / Q5_1 / Q8_0; Tandem
+    // has no Q5 formats, so Q4_K takes Q4_0 (the same 4.5 bits a weight) and Q5_K, Q6_K Q8_0.
+    dtype = dtype == DType::Q4_K ? DType::Q4_0 : DType::Q8_0;
+  }
+  return dtype;
 }
 
 std::vector<std::string> synthetic_vocab(int64_t n_vocab) {
@@ -277,7 +394,7 @@ gguf::Writer make_synthetic_writer(const SyntheticSpec& spec) {
   gguf::Writer w(spec.alignment);
   w.set_string("general.architecture", "llama");
   w.set_string("general.name", spec.name);
-  w.set_u32("general.file_type", synthetic_file_type(spec.dtype));
+  w.set_u32("general.file_type", synthetic_file_type(spec.dtype, spec.mix));
   if (dtype_traits(spec.dtype).is_quantized) w.set_u32("general.quantization_version", 2);
   w.set_u32("llama.context_length", uint32_t(spec.context_length));
   w.set_u32("llama.embedding_length", uint32_t(spec.n_embd));
@@ -312,7 +429,7 @@ gguf::Writer make_synthetic_writer(const SyntheticSpec& spec) {
   const int threads =
       spec.threads > 0 ? spec.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   auto add = [&](const std::string& name, Init init, int64_t n_in, int64_t n_out) {
-    DType dtype = init == Init::Norm ? DType::F32 : spec.dtype;
+    DType dtype = init == Init::Norm ? DType::F32 : synthetic_tensor_dtype(spec, name, n_in);
     Generator gen{};
     gen.dtype = dtype;
     gen.init = init;

@@ -426,11 +426,11 @@ class Calibrator {
                 {2048, 8192, 1},  {4096, 14336, 1},  {1024, 1024, 16},
                 {2048, 2048, 64}, {4096, 4096, 128}, {2048, 8192, 512}};
     }
-    for (DType dt : {DType::Q4_0, DType::Q8_0, DType::F16, DType::BF16, DType::F32}) {
+    for (DType dt : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16,
+                     DType::BF16, DType::F32}) {
       for (const Shape& s : shapes) {
         // Full-precision weights at the largest shapes cost more to set up than they teach.
-        if (options_.quick && s.k * s.m > 4096 * 4096 && row_bytes(dt, 32) > sizeof(BlockQ8_0))
-          continue;
+        if (options_.quick && s.k * s.m > 4096 * 4096 && !dtype_traits(dt).is_quantized) continue;
         Graph g;
         TensorId w = g.weight("w", dt, {s.k, s.m});
         TensorId x = g.input("x", DType::F32, {s.k, s.tokens});

@@ -154,12 +154,23 @@ namespace {
 // A sample no slower than the launch op has efficiency 0; the geometric interpolation needs a
 // floor, far below any real op's.
 constexpr double kMinEfficiency = 1e-3;
+
+// A K-quant product that calibration did not measure takes the efficiency of the 32-element
+// format nearest its bits per weight (Q4_K, Q5_K: Q4_0; Q6_K: Q8_0) at its own roofline: the
+// same integer dot kernels over other blocks, and its bytes still come from its own rows.
+OpKey sampled_key(const OpKey& key, const BackendProfile& profile) {
+  if (!is_k_quant(key.dtype) || profile.op_samples.count(key)) return key;
+  OpKey proxy = key;
+  proxy.dtype = key.dtype == DType::Q6_K ? DType::Q8_0 : DType::Q4_0;
+  return proxy;
+}
+
 }  // namespace
 
 double CostModel::calibrated_compute_us(const OpWork& w, const OpKey& key,
                                         const BackendProfile& profile) {
   const double roofline = roofline_us(w, profile);
-  const auto it = profile.op_samples.find(key);
+  const auto it = profile.op_samples.find(sampled_key(key, profile));
   if (it == profile.op_samples.end() || it->second.empty() || roofline <= 0.0)
     return roofline + profile.launch_us;
   // Efficiency of each sample at its own roofline time, interpolated geometrically in

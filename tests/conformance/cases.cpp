@@ -127,6 +127,19 @@ void get_rows_cases(Catalog& cat) {
               std::move(g), {{ids, Fill::RowIds, s.rows}});
     }
   }
+  for (DType d : kKQuantDTypes) {
+    std::vector<S> shapes{{256, 5, 1}, {512, 11, 7}};
+    if (cat.large()) shapes.push_back({4096, 128, 33});
+    for (const S& s : shapes) {
+      Graph g;
+      TensorId table = weight(g, "table", d, {s.width, s.rows});
+      TensorId ids = input(g, "ids", DType::I32, {s.ids});
+      g.get_rows(table, ids);
+      cat.add("get_rows/" + dt(d) + "/" + std::to_string(s.width) + "x" + std::to_string(s.rows) +
+                  "_ids" + std::to_string(s.ids),
+              std::move(g), {{ids, Fill::RowIds, s.rows}});
+    }
+  }
 }
 
 void matmul_cases(Catalog& cat) {
@@ -161,6 +174,20 @@ void matmul_cases(Catalog& cat) {
     if (cat.large()) {
       shapes.push_back({{4096, 4096}, {4096, 1}});
       shapes.push_back({{4096, 1024}, {4096, 17}});
+    }
+    run(d, shapes);
+  }
+  // K-quants: rows of whole 256-element super-blocks; 1x1 and 1x17 take the exact (f32
+  // activation) path, the rest 8-bit activations.
+  for (DType d : kKQuantDTypes) {
+    std::vector<S> shapes{{{256, 1}, {256, 1}},
+                          {{256, 17}, {256, 1}},
+                          {{512, 33}, {512, 5}},
+                          {{768, 7}, {768, 9}},
+                          {{256, 16, 2}, {256, 5, 4}}};
+    if (cat.large()) {  // narrower than the others: ggml's K-quant search makes filling slow
+      shapes.push_back({{4096, 512}, {4096, 1}});
+      shapes.push_back({{4096, 256}, {4096, 17}});
     }
     run(d, shapes);
   }
@@ -330,6 +357,15 @@ void dequantize_cases(Catalog& cat) {
   for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
     std::vector<Shape> shapes = quantized(d) ? std::vector<Shape>{{32}, {96, 3}, {64, 5, 2}}
                                              : std::vector<Shape>{{1}, {37, 3}, {33, 5, 2}};
+    if (cat.large()) shapes.push_back({4096, 64});
+    for (const Shape& s : shapes) {
+      Graph g;
+      g.dequantize(weight(g, "x", d, s));
+      cat.add("dequantize/" + dt(d) + "/" + dims(s), std::move(g));
+    }
+  }
+  for (DType d : kKQuantDTypes) {
+    std::vector<Shape> shapes{{256}, {512, 3}, {256, 5, 2}};
     if (cat.large()) shapes.push_back({4096, 64});
     for (const Shape& s : shapes) {
       Graph g;

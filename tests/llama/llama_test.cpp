@@ -114,6 +114,45 @@ INSTANTIATE_TEST_SUITE_P(Tiny, LlamaLogits, ::testing::ValuesIn(cases()),
                            return s;
                          });
 
+// A tiny model in each K-quant file type (rows of 256, so no tensor falls back; layer 1 of 2
+// is a use_more_bits layer, so the medium mixes hold Q6_K next to Q4_K or Q5_K).
+std::string k_quant_model_path(DType dtype, SyntheticMix mix) {
+  static std::map<DType, std::string> paths;
+  auto it = paths.find(dtype);
+  if (it != paths.end()) return it->second;
+  auto dir =
+      std::filesystem::temp_directory_path() / ("tandem_llama_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::string path = (dir / ("tiny_" + std::string(dtype_name(dtype)) + ".gguf")).string();
+  SyntheticSpec spec = synthetic_preset("tiny", dtype, 11, mix);
+  spec.n_embd = 256;
+  spec.n_ff = 512;
+  spec.threads = 1;
+  write_synthetic_model(spec, path);
+  return paths[dtype] = path;
+}
+
+TEST(LlamaKQuants, LogitsOfEveryBackendMatchTheReference) {
+  std::vector<std::string> strategies{"only:cpu", "gpu"};
+  const auto ids = available_backend_ids();
+  if (std::find(ids.begin(), ids.end(), "cuda:0") != ids.end()) strategies.push_back("only:cuda:0");
+  for (auto [dtype, mix] : {std::pair{DType::Q4_K, SyntheticMix::KQuantMedium},
+                            std::pair{DType::Q5_K, SyntheticMix::KQuantMedium},
+                            std::pair{DType::Q6_K, SyntheticMix::Pure}}) {
+    std::string path = k_quant_model_path(dtype, mix);
+    auto tokens = random_tokens(9, 512);
+    auto ref = all_logits(path, "only:reference", tokens);
+    for (const std::string& strategy : strategies) {
+      auto got = all_logits(path, strategy, tokens);
+      ASSERT_EQ(ref.size(), got.size());
+      const double e = nmse(ref, got);
+      std::printf("[ measured ] %s %s nmse %.3g\n", std::string(dtype_name(dtype)).c_str(),
+                  strategy.c_str(), e);
+      EXPECT_LE(e, tolerance(dtype)) << dtype_name(dtype) << " " << strategy;
+    }
+  }
+}
+
 TEST(LlamaMixed, LayersSplitAcrossBackendsMatchTheReference) {
   // Layer 1 pinned to the reference, everything else on the default placement: the hidden
   // state crosses backends twice per step and the result must not change.

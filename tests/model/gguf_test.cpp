@@ -387,8 +387,11 @@ TEST(GgufDtypes, IdsMatchGgml) {
   EXPECT_EQ(gguf::dtype_to_gguf(DType::I8), 24u);
   EXPECT_EQ(gguf::dtype_to_gguf(DType::I32), 26u);
   EXPECT_EQ(gguf::dtype_to_gguf(DType::BF16), 30u);
+  EXPECT_EQ(gguf::dtype_to_gguf(DType::Q4_K), 12u);
+  EXPECT_EQ(gguf::dtype_to_gguf(DType::Q5_K), 13u);
+  EXPECT_EQ(gguf::dtype_to_gguf(DType::Q6_K), 14u);
   for (DType d : kAllDTypes) EXPECT_EQ(gguf::dtype_from_gguf(gguf::dtype_to_gguf(d)), d);
-  for (uint32_t id : {3u, 6u, 7u, 9u, 12u, 25u, 27u, 28u, 31u, 1000u}) {
+  for (uint32_t id : {3u, 6u, 7u, 9u, 10u, 11u, 15u, 25u, 27u, 28u, 31u, 1000u}) {
     EXPECT_FALSE(gguf::dtype_from_gguf(id).has_value()) << id;
   }
 }

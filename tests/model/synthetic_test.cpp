@@ -175,6 +175,75 @@ TEST(Synthetic, TiedEmbeddingsOmitOutput) {
   EXPECT_TRUE(LlamaConfig::from_gguf(f).tied_embeddings);
 }
 
+// llama.cpp's Q4_K_M / Q5_K_M mix: Q6_K for the output and for attn_v and ffn_down of the
+// use_more_bits layers (8 layers: 0, 3, 6, 7), the base type elsewhere, norms F32; K-quants fall
+// back where rows are not whole super-blocks.
+TEST(Synthetic, KQuantMediumMixFollowsLlamaCpp) {
+  SyntheticSpec spec = synthetic_preset("tiny", DType::Q4_K, 3, SyntheticMix::KQuantMedium);
+  spec.n_embd = 256;
+  spec.n_ff = 512;
+  spec.n_layer = 8;
+  EXPECT_EQ(synthetic_file_type(spec.dtype, spec.mix), 15u);
+  EXPECT_EQ(llama_file_type_name(15), "MOSTLY_Q4_K_M");
+  EXPECT_EQ(llama_file_type_name(17), "MOSTLY_Q5_K_M");
+  EXPECT_EQ(llama_file_type_name(18), "MOSTLY_Q6_K");
+  EXPECT_EQ(llama_file_type_name(99), "");
+  const std::set<int> more_bits{0, 3, 6, 7};
+  for (int l = 0; l < 8; ++l) {
+    const DType want = more_bits.count(l) ? DType::Q6_K : DType::Q4_K;
+    EXPECT_EQ(synthetic_tensor_dtype(spec, llama_layer_tensor(l, "attn_v.weight"), 256), want) << l;
+    EXPECT_EQ(synthetic_tensor_dtype(spec, llama_layer_tensor(l, "ffn_down.weight"), 512), want)
+        << l;
+    EXPECT_EQ(synthetic_tensor_dtype(spec, llama_layer_tensor(l, "attn_k.weight"), 256),
+              DType::Q4_K);
+    EXPECT_EQ(synthetic_tensor_dtype(spec, llama_layer_tensor(l, "ffn_up.weight"), 256),
+              DType::Q4_K);
+  }
+  EXPECT_EQ(synthetic_tensor_dtype(spec, "output.weight", 256), DType::Q6_K);
+  EXPECT_EQ(synthetic_tensor_dtype(spec, "token_embd.weight", 256), DType::Q4_K);
+  EXPECT_EQ(synthetic_tensor_dtype(spec, "attn_q.weight", 96), DType::Q4_0);  // fallback
+  EXPECT_EQ(synthetic_tensor_dtype(spec, "output.weight", 96), DType::Q8_0);  // Q6_K's fallback
+  spec.tied_embeddings = true;
+  EXPECT_EQ(synthetic_tensor_dtype(spec, "token_embd.weight", 256), DType::Q6_K);
+  spec.dtype = DType::Q5_K;
+  EXPECT_EQ(synthetic_file_type(spec.dtype, spec.mix), 17u);
+  EXPECT_EQ(synthetic_tensor_dtype(spec, llama_layer_tensor(1, "attn_v.weight"), 256), DType::Q5_K);
+  EXPECT_EQ(synthetic_tensor_dtype(spec, llama_layer_tensor(7, "attn_v.weight"), 256), DType::Q6_K);
+  EXPECT_EQ(synthetic_tensor_dtype(spec, "attn_q.weight", 96), DType::Q8_0);
+
+  // Written: every tensor in the dtype the mix gives it, and the weights in range.
+  spec.dtype = DType::Q4_K;
+  spec.tied_embeddings = false;
+  spec.n_layer = 2;
+  std::vector<uint8_t> bytes = make_synthetic_writer(spec).to_bytes();
+  gguf::File f = gguf::File::parse(bytes);
+  EXPECT_EQ(f.get_uint("general.file_type"), 15u);
+  for (const auto& t : f.tensors()) {
+    if (t.n_dims == 1) {
+      EXPECT_EQ(t.dtype, DType::F32) << t.name;
+      continue;
+    }
+    EXPECT_EQ(t.dtype, synthetic_tensor_dtype(spec, t.name, t.ne[0])) << t.name;
+    const std::vector<float> w = dequantized(t);
+    double sum = 0, sum2 = 0;
+    for (float v : w) {
+      sum += v;
+      sum2 += double(v) * v;
+    }
+    const double amplitude = 1.0 / std::sqrt(double(t.ne[0]));  // uniform in [-a, a]
+    EXPECT_LT(std::fabs(sum / double(w.size())), 0.1 * amplitude) << t.name;
+    EXPECT_GT(std::sqrt(sum2 / double(w.size())), 0.2 * amplitude) << t.name;
+    EXPECT_LT(std::sqrt(sum2 / double(w.size())), 1.0 * amplitude) << t.name;
+  }
+  EXPECT_EQ(f.find_tensor("blk.1.attn_v.weight")->dtype, DType::Q6_K);
+  EXPECT_EQ(f.find_tensor("blk.0.attn_v.weight")->dtype, DType::Q4_K);
+  error_of([] { synthetic_preset("tiny", DType::Q4_K); }, ErrorCode::InvalidArgument);
+  error_of([] { synthetic_preset("tiny", DType::Q8_0, 0, SyntheticMix::KQuantMedium); },
+           ErrorCode::InvalidArgument);
+  EXPECT_EQ(synthetic_preset("tiny", DType::Q6_K).dtype, DType::Q6_K);
+  EXPECT_EQ(synthetic_file_type(DType::Q6_K), 18u);
+}
+
 TEST(Synthetic, PresetsHaveTheRealShapes) {
   SyntheticSpec one = synthetic_preset("llama-3.2-1b", DType::Q4_0);
   EXPECT_EQ(one.n_vocab, 128256);

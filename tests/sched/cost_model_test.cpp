@@ -132,6 +132,38 @@ TEST(CostModel, EstimateFollowsTheFormula) {
   EXPECT_EQ(CostModel::estimate(g, g.node(x), p).total_us(), 0.0);
 }
 
+// K-quant weights cost their own bytes (Q4_K 144 per 256, Q6_K 210): at the roofline when nothing
+// is calibrated, at a calibrated 32-element format's efficiency when only that one is.
+TEST(CostModel, KQuantsCostTheirBytesAtACalibratedFormatsEfficiency) {
+  BackendProfile p = CostModel::default_profile(BackendKind::Cpu);
+  p.launch_us = 0.0;
+  p.memory_bandwidth_gbs = 10.0;  // 1e4 bytes per us
+  p.peak_gflops[size_t(DTypeClass::Quantized)] = 1e9;
+  auto matvec_us = [&](DType dt) {
+    Graph g;
+    TensorId y = g.matmul(g.weight("w", dt, {4096, 1024}), g.input("x", DType::F32, {4096, 1}));
+    EXPECT_EQ(op_work(g, g.node(y)).dtype_class, DTypeClass::Quantized);
+    return CostModel::estimate(g, g.node(y), p).compute_us;
+  };
+  const double x_bytes = 4096 * 4, out_bytes = 1024 * 4;
+  EXPECT_NEAR(matvec_us(DType::Q4_K), (1024 * 16 * 144 + x_bytes + out_bytes) / 1e4, 1e-6);
+  EXPECT_NEAR(matvec_us(DType::Q6_K), (1024 * 16 * 210 + x_bytes + out_bytes) / 1e4, 1e-6);
+  // Q4_0 measured at half the roofline speed (efficiency 2): Q4_K and Q5_K take it, Q6_K not.
+  Graph probe;
+  TensorId y = probe.matmul(probe.weight("w", DType::Q4_0, {4096, 1024}),
+                            probe.input("x", DType::F32, {4096, 1}));
+  const OpWork w = op_work(probe, probe.node(y));
+  p.op_samples[{OpKind::QuantizedMatMul, DType::Q4_0, true}] = {
+      {w.flops, w.bytes, 2.0 * w.bytes / 1e4}};
+  const double q4k_roofline = (1024 * 16 * 144 + x_bytes + out_bytes) / 1e4;
+  EXPECT_NEAR(matvec_us(DType::Q4_K), 2.0 * q4k_roofline, 1e-6);
+  EXPECT_NEAR(matvec_us(DType::Q6_K), (1024 * 16 * 210 + x_bytes + out_bytes) / 1e4, 1e-6);
+  // Its own samples win.
+  p.op_samples[{OpKind::QuantizedMatMul, DType::Q4_K, true}] = {
+      {w.flops, q4k_roofline * 1e4, 3.0 * q4k_roofline}};
+  EXPECT_NEAR(matvec_us(DType::Q4_K), 3.0 * q4k_roofline, 1e-6);
+}
+
 TEST(CostModel, DefaultsAndLookupOrder) {
   CostModel m;
   BackendProfile cpu = m.profile("cpu", BackendKind::Cpu);

@@ -52,7 +52,13 @@ TEST(DType, TraitsAndNames) {
   EXPECT_EQ(dtype_name(DType::F32), "f32");
   EXPECT_EQ(dtype_name(DType::Q4_0), "q4_0");
   for (DType d : kAllDTypes) EXPECT_EQ(dtype_from_name(dtype_name(d)), d);
-  EXPECT_EQ(dtype_from_name("q5_k"), std::nullopt);
+  EXPECT_EQ(dtype_from_name("q5_1"), std::nullopt);
+  EXPECT_EQ(dtype_name(DType::Q4_K), "q4_k");
+  EXPECT_EQ(dtype_traits(DType::Q4_K).block_elements, 256);
+  EXPECT_EQ(dtype_traits(DType::Q4_K).block_bytes, 144);
+  EXPECT_EQ(dtype_traits(DType::Q5_K).block_bytes, 176);
+  EXPECT_EQ(dtype_traits(DType::Q6_K).block_bytes, 210);
+  EXPECT_TRUE(dtype_traits(DType::Q6_K).is_quantized);
   EXPECT_EQ(dtype_traits(DType::Q8_0).block_elements, 32);
   EXPECT_EQ(dtype_traits(DType::Q8_0).block_bytes, 34);
   EXPECT_EQ(dtype_traits(DType::Q4_0).block_bytes, 18);
@@ -277,6 +283,156 @@ TEST(Q4_0, QuantizesBitExactToHandComputedBlocks) {
   for (int j = 64; j < 96; ++j) EXPECT_EQ(back[size_t(j)], 0.0f);
 }
 
+// K-quant super-blocks built so that every step of ggml's search is exact: sub-block j holds
+// scale_j * q - min_j for quants q covering the whole range, with scale_j = k_j * 2^-6 and
+// min_j = m_j * 2^-5, so the largest (k 63, m 63) fix d = 2^-6 and dmin = 2^-5 and each sub-block's
+// 6-bit scale and min are k_j and m_j.
+constexpr int kK[8] = {63, 1, 2, 4, 8, 16, 32, 48};
+constexpr int kM[8] = {0, 63, 5, 17, 33, 40, 1, 62};
+// k and m packed by hand: j < 4 in bytes j and j + 4, j >= 4 split over byte j + 4's nibbles and
+// the top two bits of bytes j - 4 (k) and j (m).
+constexpr uint8_t kPackedScales[12] = {0x3F, 0x41, 0x82, 0xC4, 0x80, 0xBF,
+                                       0x05, 0xD1, 0x18, 0x80, 0x10, 0xE0};
+
+std::vector<float> k_quant_super_block(int nmax, std::vector<int>& q) {
+  std::vector<float> x(256);
+  q.resize(256);
+  for (int j = 0; j < 8; ++j)
+    for (int l = 0; l < 32; ++l) {
+      q[size_t(32 * j + l)] = (7 * l + j) % (nmax + 1);  // every quant 0..nmax appears
+      x[size_t(32 * j + l)] =
+          float(kK[j]) * 0x1p-6f * float(q[size_t(32 * j + l)]) - float(kM[j]) * 0x1p-5f;
+    }
+  return x;
+}
+
+TEST(Q4_K, QuantizesBitExactToHandBuiltSuperBlock) {
+  std::vector<int> q;
+  const std::vector<float> x = k_quant_super_block(15, q);
+  BlockQ4_K b;
+  quantize_row_q4_K(x.data(), &b, 256);
+  EXPECT_EQ(b.d, 0x2400);     // 2^-6
+  EXPECT_EQ(b.dmin, 0x2800);  // 2^-5
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(b.scales[i], kPackedScales[i]) << i;
+  // 32 bytes per pair of sub-blocks: the even one in the low nibbles.
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      EXPECT_EQ(b.qs[32 * c + l], q[size_t(64 * c + l)] | (q[size_t(64 * c + 32 + l)] << 4));
+    }
+  uint8_t raw[144];
+  std::memcpy(raw, &b, sizeof raw);
+  EXPECT_EQ(raw[0], 0x00);  // d, little-endian, then dmin, scales, quants
+  EXPECT_EQ(raw[1], 0x24);
+  EXPECT_EQ(raw[3], 0x28);
+  EXPECT_EQ(raw[4], 0x3F);
+  EXPECT_EQ(raw[16], 0x10);  // element 0 (q 0) low, element 32 (q 1) high
+  std::vector<float> back(256);
+  dequantize_row_q4_K(&b, back.data(), 256);
+  for (size_t i = 0; i < 256; ++i) EXPECT_EQ(back[i], x[i]) << i;
+}
+
+TEST(Q5_K, QuantizesBitExactToHandBuiltSuperBlock) {
+  std::vector<int> q;
+  const std::vector<float> x = k_quant_super_block(31, q);
+  BlockQ5_K b;
+  quantize_row_q5_K(x.data(), &b, 256);
+  EXPECT_EQ(b.d, 0x2400);
+  EXPECT_EQ(b.dmin, 0x2800);
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(b.scales[i], kPackedScales[i]) << i;
+  for (int l = 0; l < 32; ++l) {
+    int qh = 0;
+    for (int j = 0; j < 8; ++j)
+      qh |= (q[size_t(32 * j + l)] >> 4) << j;  // fifth bit of sub-block j
+    EXPECT_EQ(b.qh[l], qh) << l;
+  }
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      EXPECT_EQ(b.qs[32 * c + l],
+                (q[size_t(64 * c + l)] & 15) | ((q[size_t(64 * c + 32 + l)] & 15) << 4));
+    }
+  uint8_t raw[176];
+  std::memcpy(raw, &b, sizeof raw);
+  EXPECT_EQ(raw[16], 0x00);  // qh[0]: element 0 of sub-block j is q j, never 16 or more
+  EXPECT_EQ(raw[18], 0xFC);  // qh[2]: q 14 + j, so sub-blocks 2..7 reach 16
+  EXPECT_EQ(raw[19], 0xFF);  // qh[3]: q 21 + j
+  std::vector<float> back(256);
+  dequantize_row_q5_K(&b, back.data(), 256);
+  for (size_t i = 0; i < 256; ++i) EXPECT_EQ(back[i], x[i]) << i;
+}
+
+// Q6_K: sub-block j of 16 holds s_j * q with q in [-32, 31] (each sub-block reaches -32, so the
+// symmetric search lands on s_j) and s_j = c_j * 2^-9. ggml scales the largest (c 128) to -128, so
+// d = -2^-9 and every stored scale is -c_j.
+TEST(Q6_K, QuantizesBitExactToHandBuiltSuperBlock) {
+  constexpr int kC[16] = {128, 64, 96, 1, 17, 100, 127, 2, 50, 33, 77, 5, 120, 64, 3, 90};
+  std::vector<float> x(256);
+  std::vector<int> q(256);
+  for (int j = 0; j < 16; ++j)
+    for (int l = 0; l < 16; ++l) {
+      const int v = l == 0 ? -32 : (5 * l + 3 * j) % 64 - 32;
+      q[size_t(16 * j + l)] = v;
+      x[size_t(16 * j + l)] = float(kC[j]) * 0x1p-9f * float(v);
+    }
+  BlockQ6_K b;
+  quantize_row_q6_K(x.data(), &b, 256);
+  EXPECT_EQ(b.d, 0x9800);  // -2^-9
+  for (int j = 0; j < 16; ++j) EXPECT_EQ(b.scales[j], -kC[j]) << j;
+  // Per half of 128: element 32k + l keeps its low nibble in ql[l + 32 (k & 1)] (high nibble for
+  // k >= 2) and its top two bits at bit 2k of qh[l].
+  for (int h = 0; h < 2; ++h)
+    for (int l = 0; l < 32; ++l) {
+      auto u = [&](int k) { return q[size_t(128 * h + 32 * k + l)] + 32; };
+      EXPECT_EQ(b.ql[64 * h + l], (u(0) & 15) | ((u(2) & 15) << 4));
+      EXPECT_EQ(b.ql[64 * h + 32 + l], (u(1) & 15) | ((u(3) & 15) << 4));
+      EXPECT_EQ(b.qh[32 * h + l],
+                (u(0) >> 4) | ((u(1) >> 4) << 2) | ((u(2) >> 4) << 4) | ((u(3) >> 4) << 6));
+    }
+  uint8_t raw[210];
+  std::memcpy(raw, &b, sizeof raw);
+  EXPECT_EQ(raw[0], 0x00);    // element 0 (q -32 -> 0) and element 64 (q -32 -> 0)
+  EXPECT_EQ(raw[192], 0x80);  // scale 0: -128
+  EXPECT_EQ(raw[208], 0x00);  // d last
+  EXPECT_EQ(raw[209], 0x98);
+  std::vector<float> back(256);
+  dequantize_row_q6_K(&b, back.data(), 256);
+  for (size_t i = 0; i < 256; ++i) EXPECT_EQ(back[i], x[i]) << i;
+}
+
+TEST(KQuants, AllZeroSuperBlocksAreAllZeroBytes) {
+  const std::vector<float> x(256, 0.0f);
+  for (DType d : kKQuantDTypes) {
+    std::vector<uint8_t> buf(row_bytes(d, 256), 0xAB);
+    from_f32(d, x.data(), buf.data(), 256);
+    for (size_t i = 0; i < buf.size(); ++i) EXPECT_EQ(buf[i], 0) << dtype_name(d) << " byte " << i;
+    std::vector<float> y(256, 1.0f);
+    to_f32(d, buf.data(), y.data(), 256);
+    for (float v : y) EXPECT_EQ(v, 0.0f);
+  }
+}
+
+// Random rows: each format's error over uniform [-1, 1] data stays near its rounding noise,
+// finer with every bit (Q4_K ~ Q4_0's step with a fitted min, Q5_K half of it, Q6_K a quarter).
+TEST(KQuants, RoundTripErrorBounds) {
+  std::mt19937_64 rng(test::test_seed());
+  const int64_t n = 256 * 64;
+  const std::vector<float> x = test::random_values(size_t(n), rng);
+  double s = 0;
+  for (float v : x) s += double(v) * double(v);
+  double previous = 1.0;
+  for (DType d : kKQuantDTypes) {
+    std::vector<uint8_t> buf(row_bytes(d, n));
+    std::vector<float> y(static_cast<size_t>(n));
+    from_f32(d, x.data(), buf.data(), n);
+    to_f32(d, buf.data(), y.data(), n);
+    double e = 0;
+    for (size_t i = 0; i < x.size(); ++i) e += double(x[i] - y[i]) * double(x[i] - y[i]);
+    const double nmse = e / s;
+    EXPECT_LT(nmse, 3.0 * 3.0 / (8.0 * 8.0 * 12.0)) << dtype_name(d);
+    EXPECT_LT(nmse, previous / 2.5) << dtype_name(d) << ": no better than the format below";
+    previous = nmse;
+  }
+}
+
 TEST(Quantize, RejectsPartialBlocks) {
   std::vector<float> x(48, 1.0f);
   std::vector<BlockQ8_0> q8(2);
@@ -287,6 +443,10 @@ TEST(Quantize, RejectsPartialBlocks) {
                      ErrorCode::InvalidArgument, "dtype", {"33"});
   test::expect_error([&] { from_f32(DType::Q8_0, x.data(), q8.data(), 31); },
                      ErrorCode::InvalidArgument, "dtype", {"31"});
+  std::vector<BlockQ4_K> q4k(1);
+  test::expect_error([&] { quantize_row_q4_K(x.data(), q4k.data(), 32); },
+                     ErrorCode::InvalidArgument, "dtype",
+                     {"row of 32 elements", "q4_k block (256)"});
 }
 
 // Per element: q8_0 is within half a step plus the half-precision scale's error; q4_0 within

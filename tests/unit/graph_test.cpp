@@ -233,7 +233,8 @@ TEST_F(GraphRejects, WrongDTypes) {
       [&] {
         g.add_node(OpKind::QuantizedMatMul, {w, x});
       },
-      kInvalid, "graph quantized_matmul", {"has dtype f16 (expected q8_0, q4_0)"});
+      kInvalid, "graph quantized_matmul",
+      {"has dtype f16 (expected q8_0, q4_0, q4_k, q5_k, q6_k)"});
   expect_error([&] { g.add(w, x); }, kInvalid, "graph add", {"dtype f16 (expected f32)"});
   expect_error([&] { g.silu(i32); }, kInvalid, "graph silu", {"dtype i32"});
   expect_error(
@@ -256,7 +257,7 @@ TEST_F(GraphRejects, WrongDTypes) {
   expect_error([&] { g.attention(x3, k, kh, i32, 1.0f); }, kInvalid, "graph attention",
                {"k and v dtypes differ"});
   expect_error([&] { g.dequantize(x); }, kInvalid, "graph dequantize",
-               {"dtype f32 (expected q8_0, q4_0, f16, bf16)"});
+               {"dtype f32 (expected q8_0, q4_0, q4_k, q5_k, q6_k, f16, bf16)"});
   expect_error(
       [&] {
         g.kv_write(g.kv_cache("kb", DType::BF16, {64, 2, 10}), x3, i32);

@@ -53,6 +53,9 @@ enum class TensorType : uint32_t {
   F16 = 1,
   Q4_0 = 2,
   Q8_0 = 8,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
   I8 = 24,
   I32 = 26,
   BF16 = 30
@@ -62,9 +65,11 @@ struct TensorTypeId {
   TensorType id;
 };
 inline constexpr TensorTypeId kTensorTypes[] = {
-    {DType::F32, TensorType::F32},   {DType::F16, TensorType::F16}, {DType::Q4_0, TensorType::Q4_0},
-    {DType::Q8_0, TensorType::Q8_0}, {DType::I8, TensorType::I8},   {DType::I32, TensorType::I32},
-    {DType::BF16, TensorType::BF16}};
+    {DType::F32, TensorType::F32},   {DType::F16, TensorType::F16},
+    {DType::Q4_0, TensorType::Q4_0}, {DType::Q8_0, TensorType::Q8_0},
+    {DType::I8, TensorType::I8},     {DType::I32, TensorType::I32},
+    {DType::BF16, TensorType::BF16}, {DType::Q4_K, TensorType::Q4_K},
+    {DType::Q5_K, TensorType::Q5_K}, {DType::Q6_K, TensorType::Q6_K}};
 std::optional<DType> dtype_from_gguf(uint32_t ggml_type);
 uint32_t dtype_to_gguf(DType dtype);
 

@@ -33,6 +33,10 @@ struct LlamaConfig {
   static LlamaConfig from_gguf(const gguf::File& file);
 };
 
+// llama.cpp's name of a general.file_type (llama_ftype without its prefix: "MOSTLY_Q4_K_M" for
+// 15), or "" for an id it does not name.
+std::string_view llama_file_type_name(uint32_t file_type);
+
 // "blk.<layer>.<suffix>", e.g. llama_layer_tensor(3, "attn_q.weight").
 std::string llama_layer_tensor(int64_t layer, std::string_view suffix);
 

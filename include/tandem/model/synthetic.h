@@ -12,6 +12,12 @@
 
 namespace tandem {
 
+// Which tensors get which dtype. Pure: every matrix in the spec's dtype. KQuantMedium: llama.cpp's
+// Q4_K_M / Q5_K_M mix (llama_tensor_get_type) for a Q4_K or Q5_K spec: Q6_K for output.weight
+// (token_embd.weight when tied) and for attn_v and ffn_down in the "more bits" layers (the first
+// and last eighth, every third between), the spec's dtype elsewhere.
+enum class SyntheticMix : uint8_t { Pure, KQuantMedium };
+
 struct SyntheticSpec {
   std::string name = "tandem-synthetic-tiny";  // general.name
   int64_t n_vocab = 512;
@@ -25,20 +31,28 @@ struct SyntheticSpec {
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;  // true: no output.weight (llama.cpp reuses token_embd)
   DType dtype = DType::F32;      // every matrix incl. token_embd and output; norms stay F32
+  SyntheticMix mix = SyntheticMix::Pure;
   uint64_t seed = 0;
   size_t alignment = gguf::kDefaultAlignment;
   int threads = 0;  // generator threads; 0 = hardware concurrency. Output does not depend on it.
 };
 
-// Presets: "tiny", "small" (~160M parameters), "llama-3.2-1b" (tied embeddings) and "llama-3.1-8b". Throws InvalidArgument
-// listing the presets for an unknown name, or for a dtype other than F32, F16, Q8_0, Q4_0.
-SyntheticSpec synthetic_preset(std::string_view preset, DType dtype = DType::F32,
-                               uint64_t seed = 0);
+// Presets: "tiny", "small" (~160M parameters), "llama-3.2-1b" (tied embeddings) and "llama-3.1-8b".
+// Throws InvalidArgument listing the presets for an unknown name, or for a dtype and mix with no
+// file type (below).
+SyntheticSpec synthetic_preset(std::string_view preset, DType dtype = DType::F32, uint64_t seed = 0,
+                               SyntheticMix mix = SyntheticMix::Pure);
 std::vector<std::string_view> synthetic_preset_names();
 
-// llama.cpp's general.file_type for a pure model of `dtype` (ALL_F32=0, MOSTLY_F16=1,
-// MOSTLY_Q4_0=2, MOSTLY_Q8_0=7).
-uint32_t synthetic_file_type(DType dtype);
+// llama.cpp's general.file_type for a model of `dtype` and `mix` (ALL_F32=0, MOSTLY_F16=1,
+// MOSTLY_Q4_0=2, MOSTLY_Q8_0=7, MOSTLY_Q4_K_M=15, MOSTLY_Q5_K_M=17, MOSTLY_Q6_K=18). Q4_K and
+// Q5_K exist only as the medium mix, Q6_K only pure; other pairs throw InvalidArgument.
+uint32_t synthetic_file_type(DType dtype, SyntheticMix mix = SyntheticMix::Pure);
+
+// The dtype llama.cpp's mix gives the matrix `name` (e.g. "blk.3.attn_v.weight") of a model of
+// `spec` whose rows hold n_in elements; a K-quant falls back to a 32-element format where n_in
+// is not a multiple of 256.
+DType synthetic_tensor_dtype(const SyntheticSpec& spec, const std::string& name, int64_t n_in);
 
 // The SentencePiece-style vocabulary: <unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF>,
 // then unique pieces ("▁", single characters, "▁x", syllable words) until n_vocab (>= 260).

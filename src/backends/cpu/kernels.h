@@ -39,6 +39,13 @@ struct Kernels {
                     int64_t col0, int cols, float* out, int64_t out_stride);
   void (*q8_0_tile)(const uint8_t* w, size_t w_row_bytes, int rows, const QuantizedActivations& a,
                     int64_t col0, int cols, float* out, int64_t out_stride);
+  // The same for K-quant weight rows (GGUF Q4_K / Q5_K / Q6_K; k a multiple of 256).
+  void (*q4_k_tile)(const uint8_t* w, size_t w_row_bytes, int rows, const QuantizedActivations& a,
+                    int64_t col0, int cols, float* out, int64_t out_stride);
+  void (*q5_k_tile)(const uint8_t* w, size_t w_row_bytes, int rows, const QuantizedActivations& a,
+                    int64_t col0, int cols, float* out, int64_t out_stride);
+  void (*q6_k_tile)(const uint8_t* w, size_t w_row_bytes, int rows, const QuantizedActivations& a,
+                    int64_t col0, int cols, float* out, int64_t out_stride);
   // out[c * ldo + r] = a row r . b row c over k floats (rows, cols at most 4).
   void (*f32_tile)(const float* a, int64_t lda, int rows, const float* b, int64_t ldb, int cols,
                    int64_t k, float* out, int64_t ldo);

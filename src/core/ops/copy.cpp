@@ -27,7 +27,9 @@ void work_copy(const Graph& g, const Node& n, OpWork& w) {
 }
 
 TensorDesc infer_dequantize(OpInference& c) {
-  c.expect_dtype(0, {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}, "input");
+  c.expect_dtype(
+      0, {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16},
+      "input");
   return contiguous_like(DType::F32, c.in(0));
 }
 
@@ -38,7 +40,10 @@ void work_dequantize(const Graph& g, const Node& n, OpWork& w) {
 
 TensorDesc infer_get_rows(OpInference& c) {
   const TensorDesc &table = c.in(0), &ids = c.in(1);
-  c.expect_dtype(0, {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}, "table");
+  c.expect_dtype(0,
+                 {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K,
+                  DType::Q5_K, DType::Q6_K},
+                 "table");
   c.expect_dtype(1, {DType::I32}, "ids");
   if (table.n_dims != 2 || ids.n_dims != 1) {
     c.fail("needs a 2-d table and 1-d ids (got " + shape_string(table) + ", " + shape_string(ids) +
@@ -74,7 +79,7 @@ constexpr OpDescriptor kOps[] = {
      .work = work_get_rows},
     {.op = OpKind::Dequantize,
      .name = "dequantize",
-     .doc = "q8_0/q4_0/f16/bf16 -> f32",
+     .doc = "q8_0/q4_0/q4_k/q5_k/q6_k/f16/bf16 -> f32",
      .min_inputs = 1,
      .max_inputs = 1,
      .infer = infer_dequantize,

@@ -13,7 +13,7 @@ TensorDesc infer_matmul(OpInference& c) {
   if (c.op == OpKind::MatMul) {
     c.expect_dtype(0, {DType::F32, DType::F16, DType::BF16}, "a");
   } else {
-    c.expect_dtype(0, {DType::Q8_0, DType::Q4_0}, "a");
+    c.expect_dtype(0, {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}, "a");
   }
   c.expect_dtype(1, {DType::F32}, "b");
   if (a.ne[0] != b.ne[0]) {
@@ -44,7 +44,7 @@ constexpr OpDescriptor kOps[] = {
      .work = work_matmul},
     {.op = OpKind::QuantizedMatMul,
      .name = "quantized_matmul",
-     .doc = "a [K, M] (q8_0/q4_0) x b [K, N] (f32) -> f32 [M, N]",
+     .doc = "a [K, M] (q8_0/q4_0/q4_k/q5_k/q6_k) x b [K, N] (f32) -> f32 [M, N]",
      .min_inputs = 2,
      .max_inputs = 2,
      .infer = infer_matmul,

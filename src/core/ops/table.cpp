@@ -150,6 +150,9 @@ DTypeClass dtype_class(DType dtype) {
     case DType::I8:
     case DType::Q8_0:
     case DType::Q4_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
       return DTypeClass::Quantized;
     default:
       return DTypeClass::F32;

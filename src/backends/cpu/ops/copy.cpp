@@ -22,6 +22,10 @@ void row_to_f32(const Kernels& k, DType dtype, const void* src, float* dst, int6
       return k.dequantize_q8_0(static_cast<const uint8_t*>(src), dst, n);
     case DType::Q4_0:
       return k.dequantize_q4_0(static_cast<const uint8_t*>(src), dst, n);
+    case DType::Q4_K:  // the reference's own loops: cheap next to the products that read them
+    case DType::Q5_K:
+    case DType::Q6_K:
+      return to_f32(dtype, src, dst, n);
     default:
       throw_error(ErrorCode::Unsupported, "cpu copy",
                   "cannot convert " + std::string(dtype_name(dtype)) + " to f32");
@@ -39,6 +43,9 @@ void row_from_f32(const Kernels& k, DType dtype, const float* src, void* dst, in
       return k.f32_to_bf16(src, static_cast<uint16_t*>(dst), n);
     case DType::Q8_0:
     case DType::Q4_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
       return from_f32(dtype, src, dst, n);
     default:
       throw_error(ErrorCode::Unsupported, "cpu copy",
@@ -100,6 +107,7 @@ void add_copy_kernels(KernelTable<Kernel>& rows) {
   for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
     rows.add(OpKind::Dequantize, {d, DType::F32}, run_copy);
   }
+  for (DType d : kKQuantDTypes) rows.add(OpKind::Dequantize, {d, DType::F32}, run_copy);
 }
 
 }  // namespace tandem::cpu

@@ -37,6 +37,8 @@ void add_get_rows_kernels(KernelTable<Kernel>& rows) {
   for (DType d : convertible_dtypes()) {
     rows.add(OpKind::GetRows, {d, DType::I32, DType::F32}, run_get_rows);
   }
+  for (DType d : kKQuantDTypes)
+    rows.add(OpKind::GetRows, {d, DType::I32, DType::F32}, run_get_rows);
 }
 
 }  // namespace tandem::cpu

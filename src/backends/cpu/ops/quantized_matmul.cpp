@@ -1,4 +1,5 @@
-// QuantizedMatMul: Q4_0 / Q8_0 weights a [K, M] in GGUF layout times f32 activations b [K, N].
+// QuantizedMatMul: Q4_0 / Q8_0 / K-quant weights a [K, M] in GGUF layout times f32 activations
+// b [K, N].
 // The activations are quantized to 8-bit blocks once per call; integer dot kernels then read
 // every weight byte once per column tile. Matrix-vector (N small) and matrix-matrix products
 // share the loop: row chunks stay in L2 while tiles of columns sweep over them.
@@ -16,11 +17,7 @@ void exact_matmul_2d(const Kernels& k, DType dtype, const uint8_t* w, size_t wrb
                      float* out, int64_t M, int64_t N, int64_t K) {
   std::vector<float> row(static_cast<size_t>(K));
   for (int64_t m = 0; m < M; ++m) {
-    if (dtype == DType::Q4_0) {
-      k.dequantize_q4_0(w + size_t(m) * wrb, row.data(), K);
-    } else {
-      k.dequantize_q8_0(w + size_t(m) * wrb, row.data(), K);
-    }
+    row_to_f32(k, dtype, w + size_t(m) * wrb, row.data(), K);
     for (int64_t n = 0; n < N; ++n) out[n * M + m] = k.dot_f32(row.data(), b + n * K, K);
   }
 }
@@ -80,7 +77,23 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
   auto* out = static_cast<float*>(e.output.data);
   const size_t wrb = size_t(a.nb[1]);
   const Kernels& k = ctx.k;
-  auto tile = a.dtype == DType::Q4_0 ? k.q4_0_tile : k.q8_0_tile;
+  auto tile = k.q8_0_tile;
+  switch (a.dtype) {
+    case DType::Q4_0:
+      tile = k.q4_0_tile;
+      break;
+    case DType::Q4_K:
+      tile = k.q4_k_tile;
+      break;
+    case DType::Q5_K:
+      tile = k.q5_k_tile;
+      break;
+    case DType::Q6_K:
+      tile = k.q6_k_tile;
+      break;
+    default:
+      break;
+  }
   if (!int8_activations(M, N)) {
     for (int64_t i3 = 0; i3 < b.ne[3]; ++i3)
       for (int64_t i2 = 0; i2 < b.ne[2]; ++i2) {
@@ -114,7 +127,7 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
                                                        scratch.bias.data() + c * nb * kBiasLanes);
                               }
                             });
-      if (ctx.amx && N >= kAmxMinCols && M >= amx::kTile) {
+      if (ctx.amx && !is_k_quant(a.dtype) && N >= kAmxMinCols && M >= amx::kTile) {
         amx_matmul_2d(ctx.pool, a.dtype == DType::Q4_0, w, wrb, act, omat, M, N);
         continue;
       }
@@ -131,6 +144,8 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
 void add_quantized_matmul_kernels(KernelTable<Kernel>& rows) {
   rows.add(OpKind::QuantizedMatMul, {DType::Q8_0, DType::F32}, run_quantized_matmul);
   rows.add(OpKind::QuantizedMatMul, {DType::Q4_0, DType::F32}, run_quantized_matmul);
+  for (DType d : kKQuantDTypes)
+    rows.add(OpKind::QuantizedMatMul, {d, DType::F32}, run_quantized_matmul);
 }
 
 }  // namespace tandem::cpu

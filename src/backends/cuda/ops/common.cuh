@@ -37,6 +37,34 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float v) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
+// Element i of a contiguous row of K-quant super-blocks, as dequantize_row_q*_K computes it.
+__device__ __forceinline__ float load_k_quant(DType dtype, const void* row, int64_t i) {
+  const int e = int(i % kSuperBlock);
+  const auto* base = static_cast<const uint8_t*>(row);
+  if (dtype == DType::Q6_K) {
+    const auto& b = reinterpret_cast<const BlockQ6_K*>(base)[i / kSuperBlock];
+    const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+    const int low = (b.ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0x0F;
+    const int high = (b.qh[32 * h + l] >> (2 * k)) & 3;
+    return f16_bits_to_f32(b.d) * float(b.scales[8 * h + 2 * k + l / 16]) *
+           float((low | (high << 4)) - 32);
+  }
+  const int j = e / 32, l = e % 32;
+  const uint8_t* blk =
+      base + (i / kSuperBlock) * (dtype == DType::Q4_K ? sizeof(BlockQ4_K) : sizeof(BlockQ5_K));
+  const auto& b4 = *reinterpret_cast<const BlockQ4_K*>(blk);  // d, dmin, scales lead both
+  uint8_t sc, m;
+  k_scale_min(j, b4.scales, sc, m);
+  int q;
+  if (dtype == DType::Q4_K) {
+    q = (b4.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+  } else {
+    const auto& b5 = *reinterpret_cast<const BlockQ5_K*>(blk);
+    q = ((b5.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F) | (((b5.qh[l] >> j) & 1) << 4);
+  }
+  return f16_bits_to_f32(b4.d) * float(sc) * float(q) - f16_bits_to_f32(b4.dmin) * float(m);
+}
+
 // Element i of a contiguous row of `dtype` (quantized: i indexes elements, not blocks).
 __device__ __forceinline__ float load_f32(DType dtype, const void* row, int64_t i) {
   switch (dtype) {
@@ -60,6 +88,10 @@ __device__ __forceinline__ float load_f32(DType dtype, const void* row, int64_t 
       const int q = j < kQBlock / 2 ? (b.qs[j] & 0x0f) : (b.qs[j - kQBlock / 2] >> 4);
       return float(q - 8) * f16_bits_to_f32(b.d);
     }
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+      return load_k_quant(dtype, row, i);
   }
   return 0.0f;
 }

@@ -193,6 +193,8 @@ void add_copy_kernels(KernelTable<Kernel>& rows) {
   for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
     add_row(rows, OpKind::Dequantize, {d, DType::F32}, {run_copy});
   }
+  // K-quants through the per-element loads: 32 of a super-block's elements per thread.
+  for (DType d : kKQuantDTypes) add_row(rows, OpKind::Dequantize, {d, DType::F32}, {run_copy});
 }
 
 }  // namespace tandem::cuda

@@ -37,6 +37,8 @@ void add_get_rows_kernels(KernelTable<Kernel>& rows) {
   for (DType d : convertible_dtypes()) {
     add_row(rows, OpKind::GetRows, {d, DType::I32, DType::F32}, {run_get_rows});
   }
+  for (DType d : kKQuantDTypes)
+    add_row(rows, OpKind::GetRows, {d, DType::I32, DType::F32}, {run_get_rows});
 }
 
 }  // namespace tandem::cuda

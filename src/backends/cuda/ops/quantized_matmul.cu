@@ -1,7 +1,7 @@
-// QuantizedMatMul with Q4_0/Q8_0 weights in GGUF layout, by size: fewer than 16 outputs multiply
-// f32 b; up to kMatvecMaxColumns columns of b are quantized to int8 blocks and a matrix-vector
-// kernel reads the weight blocks once, multiplying with __dp4a (the staged kernel of
-// staged_matvec.cu where the layout allows, else the generic one here); more columns: the weights
+// QuantizedMatMul with Q4_0/Q8_0/K-quant weights in GGUF layout, by size: fewer than 16 outputs
+// multiply f32 b; up to kMatvecMaxColumns columns of b are quantized to int8 blocks and a
+// matrix-vector kernel reads the weight blocks once, multiplying with __dp4a (the staged kernel of
+// staged_matvec.cu where the layout allows, else the generic ones here); more columns: the weights
 // are dequantized to f16 and multiplied on tensor cores by cuBLAS with f32 accumulation.
 #include <span>
 
@@ -122,6 +122,87 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
   }
 }
 
+// K-quant rows (GGUF Q4_K / Q5_K / Q6_K): one warp per row, each lane 8 elements of every
+// super-block (lane / 4 is Q4_K/Q5_K's sub-block; Q6_K's 16-element group is one scale), as two
+// int8x4 words for __dp4a against b's int8 blocks. Q4_K/Q5_K subtract min * sum(b) per lane;
+// Q6_K's quants are made signed (q - 32) per byte.
+template <DType kType, int kCols>
+__global__ __launch_bounds__(kWarps * 32) void k_matvec_kernel(const uint8_t* a, int64_t row_stride,
+                                                               int64_t a_stride2, int64_t a_stride3,
+                                                               int64_t a_div2, int64_t a_div3,
+                                                               int M, int n_supers,
+                                                               const int8_t* bq, const float* bd,
+                                                               int64_t b_ne2, float* out) {
+  constexpr int64_t kSuperBytes = kType == DType::Q4_K   ? sizeof(BlockQ4_K)
+                                  : kType == DType::Q5_K ? sizeof(BlockQ5_K)
+                                                         : sizeof(BlockQ6_K);
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (row >= M) return;
+  const int64_t z = blockIdx.y, i2 = z % b_ne2, i3 = z / b_ne2;
+  const int64_t K = int64_t(n_supers) * kSuperBlock, n_blocks = K / kQBlock;
+  const uint8_t* ar = a + (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3 + row * row_stride;
+  bq += z * kCols * K;
+  bd += z * kCols * n_blocks;
+  out += z * int64_t(M) * kCols;
+  const int e0 = 8 * lane;  // this lane's first element in each super-block
+  float acc[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+  for (int s = 0; s < n_supers; ++s) {
+    const uint8_t* blk = ar + s * kSuperBytes;
+    int w0, w1;
+    float dw, mw = 0.0f;
+    if constexpr (kType == DType::Q6_K) {
+      const auto* b = reinterpret_cast<const BlockQ6_K*>(blk);
+      const int h = e0 / 128, k = (e0 % 128) / 32, l = e0 % 32;
+      const uint8_t* ql = b->ql + 64 * h + 32 * (k & 1) + l;
+      const uint8_t* qh = b->qh + 32 * h + l;
+      const int shift = 4 * (k >> 1);
+      const int v0 = ((load_int_b2(ql) >> shift) & 0x0F0F0F0F) |
+                     (((load_int_b2(qh) >> (2 * k)) & 0x03030303) << 4);
+      const int v1 = ((load_int_b2(ql + 4) >> shift) & 0x0F0F0F0F) |
+                     (((load_int_b2(qh + 4) >> (2 * k)) & 0x03030303) << 4);
+      w0 = int(__vsub4(unsigned(v0), 0x20202020u));
+      w1 = int(__vsub4(unsigned(v1), 0x20202020u));
+      dw = f16_bits_to_f32(b->d) * float(b->scales[8 * h + 2 * k + l / 16]);
+    } else {
+      const auto* b = reinterpret_cast<const BlockQ4_K*>(blk);  // d, dmin, scales lead both
+      const int j = e0 / 32, l = e0 % 32, shift = 4 * (j % 2);
+      const uint8_t* qs =
+          kType == DType::Q4_K ? b->qs : reinterpret_cast<const BlockQ5_K*>(blk)->qs;
+      w0 = (load_int_b2(qs + 32 * (j / 2) + l) >> shift) & 0x0F0F0F0F;
+      w1 = (load_int_b2(qs + 32 * (j / 2) + l + 4) >> shift) & 0x0F0F0F0F;
+      if constexpr (kType == DType::Q5_K) {
+        const uint8_t* qh = reinterpret_cast<const BlockQ5_K*>(blk)->qh + l;
+        w0 |= ((load_int_b2(qh) >> j) & 0x01010101) << 4;
+        w1 |= ((load_int_b2(qh + 4) >> j) & 0x01010101) << 4;
+      }
+      uint8_t sc, m;
+      k_scale_min(j, b->scales, sc, m);
+      dw = f16_bits_to_f32(b->d) * float(sc);
+      mw = f16_bits_to_f32(b->dmin) * float(m);
+    }
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int2 bv = *reinterpret_cast<const int2*>(bq + c * K + s * kSuperBlock + e0);
+      const float db = bd[c * n_blocks + s * (kSuperBlock / kQBlock) + e0 / kQBlock];
+      const int dot = __dp4a(w1, bv.y, __dp4a(w0, bv.x, 0));
+      if constexpr (kType == DType::Q6_K) {
+        acc[c] += db * dw * float(dot);
+      } else {
+        const int sum = __dp4a(0x01010101, bv.y, __dp4a(0x01010101, bv.x, 0));
+        acc[c] += db * (dw * float(dot) - mw * float(sum));
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const float v = warp_sum(acc[c]);
+    if (lane == 0) out[int64_t(c) * M + row] = v;
+  }
+}
+
 // Products of fewer than kMinOutputsForInt8Activations outputs (M x N) multiply f32 b: one warp
 // per output.
 template <DType kType>
@@ -147,8 +228,23 @@ void launch_exact(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& b = *e.inputs[1].desc;
   const int64_t M = a.ne[1], N = b.ne[1];
   const dim3 grid(unsigned((M * N + kWarps - 1) / kWarps), unsigned(b.ne[2] * b.ne[3]));
-  auto kernel =
-      a.dtype == DType::Q4_0 ? exact_matvec_kernel<DType::Q4_0> : exact_matvec_kernel<DType::Q8_0>;
+  auto kernel = exact_matvec_kernel<DType::Q8_0>;
+  switch (a.dtype) {
+    case DType::Q4_0:
+      kernel = exact_matvec_kernel<DType::Q4_0>;
+      break;
+    case DType::Q4_K:
+      kernel = exact_matvec_kernel<DType::Q4_K>;
+      break;
+    case DType::Q5_K:
+      kernel = exact_matvec_kernel<DType::Q5_K>;
+      break;
+    case DType::Q6_K:
+      kernel = exact_matvec_kernel<DType::Q6_K>;
+      break;
+    default:
+      break;
+  }
   kernel<<<grid, kWarps * 32, 0, ctx.stream>>>(
       static_cast<const uint8_t*>(e.inputs[0].data), a.nb[1], a.nb[2], a.nb[3], b.ne[2] / a.ne[2],
       b.ne[3] / a.ne[3], int(M), int(N), a.ne[0], static_cast<const float*>(e.inputs[1].data),
@@ -178,10 +274,26 @@ void launch_generic_matvec(const OpContext& ctx, const NodeExecution& e) {
     kernel<<<grid, kWarps * 32, 0, ctx.stream>>>(ap, a.nb[1], a.nb[2], a.nb[3], div2, div3, int(M),
                                                  int(K / kQBlock), bq, bd, b.ne[2], op);
   };
-  if (a.dtype == DType::Q4_0) {
-    go(matvec_kernel<DType::Q4_0, kCols>);
-  } else {
-    go(matvec_kernel<DType::Q8_0, kCols>);
+  auto go_k = [&](auto kernel) {
+    kernel<<<grid, kWarps * 32, 0, ctx.stream>>>(ap, a.nb[1], a.nb[2], a.nb[3], div2, div3, int(M),
+                                                 int(K / kSuperBlock), bq, bd, b.ne[2], op);
+  };
+  switch (a.dtype) {
+    case DType::Q4_0:
+      go(matvec_kernel<DType::Q4_0, kCols>);
+      break;
+    case DType::Q4_K:
+      go_k(k_matvec_kernel<DType::Q4_K, kCols>);
+      break;
+    case DType::Q5_K:
+      go_k(k_matvec_kernel<DType::Q5_K, kCols>);
+      break;
+    case DType::Q6_K:
+      go_k(k_matvec_kernel<DType::Q6_K, kCols>);
+      break;
+    default:
+      go(matvec_kernel<DType::Q8_0, kCols>);
+      break;
   }
   ctx.check_launch("quantized_matmul");
 }
@@ -209,7 +321,8 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
     return;
   }
   if (b.ne[1] <= kMatvecMaxColumns) {
-    if (!launch_staged_matvec(ctx, std::span(&e, 1))) {
+    // The staged kernel reads Q4_0 / Q8_0 only; K-quants take the generic one.
+    if (is_k_quant(a.dtype) || !launch_staged_matvec(ctx, std::span(&e, 1))) {
       with_columns(b.ne[1], [&](auto cols) { launch_generic_matvec<cols()>(ctx, e); });
     }
     return;
@@ -230,12 +343,15 @@ void add_quantized_matmul_kernels(KernelTable<Kernel>& rows) {
   const Kernel quantized{run_quantized_matmul, quantized_matmul_scratch_bytes};
   add_row(rows, OpKind::QuantizedMatMul, {DType::Q8_0, DType::F32}, quantized, "tensor_cores");
   add_row(rows, OpKind::QuantizedMatMul, {DType::Q4_0, DType::F32}, quantized, "tensor_cores");
+  for (DType d : kKQuantDTypes) {
+    add_row(rows, OpKind::QuantizedMatMul, {d, DType::F32}, quantized, "tensor_cores");
+  }
 }
 
 size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment) {
   auto is_matvec = [](const NodeExecution& e) {
-    return e.node->op == OpKind::QuantizedMatMul && e.inputs[1].desc->ne[1] >= 1 &&
-           e.inputs[1].desc->ne[1] <= kMatvecMaxColumns &&
+    return e.node->op == OpKind::QuantizedMatMul && !is_k_quant(e.inputs[0].desc->dtype) &&
+           e.inputs[1].desc->ne[1] >= 1 && e.inputs[1].desc->ne[1] <= kMatvecMaxColumns &&
            int8_activations(e.inputs[0].desc->ne[1], e.inputs[1].desc->ne[1]);
   };
   if (segment.size() < 2 || !is_matvec(segment[0])) return 0;

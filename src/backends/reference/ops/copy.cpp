@@ -70,6 +70,7 @@ void add_copy_kernels(KernelTable<ReferenceKernel>& rows) {
   for (DType d : {DType::Q8_0, DType::Q4_0, DType::F16, DType::BF16}) {
     rows.add(OpKind::Dequantize, {d, DType::F32}, run_dequantize);
   }
+  for (DType d : kKQuantDTypes) rows.add(OpKind::Dequantize, {d, DType::F32}, run_dequantize);
 }
 
 }  // namespace tandem::reference

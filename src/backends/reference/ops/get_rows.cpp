@@ -30,6 +30,8 @@ void add_get_rows_kernels(KernelTable<ReferenceKernel>& rows) {
   for (DType d : convertible_dtypes()) {
     rows.add(OpKind::GetRows, {d, DType::I32, DType::F32}, run_get_rows);
   }
+  for (DType d : kKQuantDTypes)
+    rows.add(OpKind::GetRows, {d, DType::I32, DType::F32}, run_get_rows);
 }
 
 }  // namespace tandem::reference

@@ -39,6 +39,7 @@ void add_matmul_kernels(KernelTable<ReferenceKernel>& rows) {
   for (DType d : float_dtypes()) rows.add(OpKind::MatMul, {d, DType::F32}, run_matmul);
   rows.add(OpKind::QuantizedMatMul, {DType::Q8_0, DType::F32}, run_matmul);
   rows.add(OpKind::QuantizedMatMul, {DType::Q4_0, DType::F32}, run_matmul);
+  for (DType d : kKQuantDTypes) rows.add(OpKind::QuantizedMatMul, {d, DType::F32}, run_matmul);
 }
 
 }  // namespace tandem::reference
