@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds everything with warnings as errors and runs every test.
-#   scripts/test.sh          the release build (CUDA compiled where nvcc is found)
+#   scripts/test.sh          the release build (CUDA compiled where nvcc is found), then the
+#                            installed package built from an outside project
 #   scripts/test.sh --asan   the AddressSanitizer + UndefinedBehaviorSanitizer build (CPU only)
 #   scripts/test.sh --tsan   the thread-pool and scheduler tests under ThreadSanitizer (CPU only)
 set -euo pipefail
@@ -37,3 +38,8 @@ if grep -q ": Skipped$" "$skips"; then
   grep -A1 ": Skipped$" "$skips" | grep -vE ": Skipped$|^--$" | sort | uniq -c
 fi
 echo "test (${TANDEM_PRESET}): $(grep -E "tests passed|tests failed" "$log" | tail -1)"
+# The installed package, used from an outside project (not under the sanitizers: their runtime
+# would have to come first into every program that loads the library).
+if [[ "$TANDEM_PRESET" != asan ]]; then
+  bash scripts/install_check.sh "build/$TANDEM_PRESET"
+fi
