@@ -20,7 +20,7 @@ for f in libtandem.so cmake/Tandem/TandemConfig.cmake pkgconfig/tandem.pc; do
   [[ -e "$libdir/$f" ]] || { echo "install_check: $f was not installed" >&2; exit 1; }
 done
 
-"$prefix/bin/tandem" model synth --preset tiny --type q8_0 --seed 1 -t 1 -o "$work/tiny.gguf" \
+"$prefix/bin/tandem" synth --preset tiny --type q8_0 --seed 1 -t 1 -o "$work/tiny.gguf" \
   >/dev/null
 # The outside project: the examples folder on its own, finding only the installed package.
 cmake -S examples -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
