@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds everything with warnings as errors and runs every test.
-#   scripts/test.sh          the release build (CUDA compiled where nvcc is found)
+#   scripts/test.sh          the release build (CUDA compiled where nvcc is found), then the
+#                            installed package built from an outside project, and pytest
+#                            over the Python module
 #   scripts/test.sh --asan   the AddressSanitizer + UndefinedBehaviorSanitizer build (CPU only)
 #   scripts/test.sh --tsan   the thread-pool and scheduler tests under ThreadSanitizer (CPU only)
 set -euo pipefail
@@ -37,3 +39,16 @@ if grep -q ": Skipped$" "$skips"; then
   grep -A1 ": Skipped$" "$skips" | grep -vE ": Skipped$|^--$" | sort | uniq -c
 fi
 echo "test (${TANDEM_PRESET}): $(grep -E "tests passed|tests failed" "$log" | tail -1)"
+# The installed package, used from an outside project (not under the sanitizers: their runtime
+# would have to come first into every program that loads the library).
+if [[ "$TANDEM_PRESET" != asan ]]; then
+  bash scripts/install_check.sh "build/$TANDEM_PRESET"
+  # The Python module, with an interpreter that has NumPy and pytest (setup.sh installs them
+  # for the system's python3; a python3 earlier on the PATH may lack them).
+  python=""
+  for candidate in python3 /usr/bin/python3; do
+    if "$candidate" -c "import numpy, pytest" 2>/dev/null; then python=$candidate; break; fi
+  done
+  [[ -n "$python" ]] || { echo "test: no python3 with numpy and pytest" >&2; exit 1; }
+  PYTHONPATH="build/$TANDEM_PRESET/python" "$python" -m pytest -q -p no:cacheprovider python/tests
+fi

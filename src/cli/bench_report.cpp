@@ -7,11 +7,11 @@
 #include <sstream>
 
 #include "cli_util.h"
-#include "engine.h"
+#include "tandem/runtime.h"
 
 namespace tandem::cli {
 
-void start_bench_test(Engine& engine, int n_depth, std::mt19937& rng) {
+void start_bench_test(Session& engine, int n_depth, std::mt19937& rng) {
   engine.reset();
   if (n_depth <= 0) return;
   std::uniform_int_distribution<int32_t> token(0, int32_t(engine.config().n_vocab - 1));
@@ -20,7 +20,7 @@ void start_bench_test(Engine& engine, int n_depth, std::mt19937& rng) {
   engine.eval(context);
 }
 
-void run_bench_test(Engine& engine, int n_prompt, int n_gen, std::mt19937& rng) {
+void run_bench_test(Session& engine, int n_prompt, int n_gen, std::mt19937& rng) {
   std::uniform_int_distribution<int32_t> token(0, int32_t(engine.config().n_vocab - 1));
   if (n_prompt > 0) {
     std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));

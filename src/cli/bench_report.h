@@ -8,17 +8,19 @@
 #include <string>
 #include <vector>
 
-namespace tandem::cli {
+namespace tandem {
+class Session;
+}  // namespace tandem
 
-class Engine;
+namespace tandem::cli {
 
 // Before each run of a test (untimed): an empty context, then `n_depth` random tokens evaluated
 // at once, as llama-bench's -d (a test at depth N runs after N tokens of context).
-void start_bench_test(Engine& engine, int n_depth, std::mt19937& rng);
+void start_bench_test(Session& engine, int n_depth, std::mt19937& rng);
 // One llama-bench test on `engine`, once, after start_bench_test: n_prompt > 0 evaluates that
 // many random tokens at once (ppN); otherwise n_gen tokens are generated one by one (tgN).
 // Tokens come from `rng`.
-void run_bench_test(Engine& engine, int n_prompt, int n_gen, std::mt19937& rng);
+void run_bench_test(Session& engine, int n_prompt, int n_gen, std::mt19937& rng);
 
 struct BenchResult {
   std::string model, strategy, test, placement;

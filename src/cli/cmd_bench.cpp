@@ -12,10 +12,10 @@
 #include "bench_report.h"
 #include "cli_util.h"
 #include "commands_impl.h"
-#include "engine.h"
 #include "engine_flags.h"
 #include "tandem/error.h"
 #include "tandem/registry.h"
+#include "tandem/runtime.h"
 
 namespace tandem::cli {
 
@@ -95,14 +95,14 @@ int run_bench(const BenchOptions& o) {
   std::mt19937 rng(uint32_t(o.seed));
   for (const auto& strategy : strategies) {
     for (size_t ngl_index = 0; ngl_index < ngl_count; ++ngl_index) {
-      EngineOptions eo = o.engine.to_options(strategy, ngl_index);
+      SessionOptions eo = o.engine.to_options(strategy, ngl_index);
       eo.calibrate_if_missing = true;
       if (eo.n_ctx == 0) eo.n_ctx = max_tokens + 1;
       std::string label =
           o.engine.placement.empty() ? strategy : eo.strategy + " (" + o.engine.placement + ")";
       if (eo.n_gpu_layers) label += " ngl " + std::to_string(*eo.n_gpu_layers);
       {
-        Engine engine(eo);  // timing off: the timed figures never include per-op timing
+        Session engine(eo);  // timing off: the timed figures never include per-op timing
         const std::string model =
             engine.config().name + " " + std::to_string(engine.config().n_layer) + "L";
         Progress progress("bench " + label, tests.size());
@@ -130,7 +130,7 @@ int run_bench(const BenchOptions& o) {
       if (!o.trace.empty()) {
         // A separate, untimed pass: every test once to warm up, then once on a device timeline.
         eo.timing = TimingMode::Timeline;
-        Engine engine(eo);
+        Session engine(eo);
         for (const auto& test : tests) {
           start_bench_test(engine, test.n_depth, rng);
           run_bench_test(engine, test.n_prompt, test.n_gen, rng);
@@ -152,7 +152,7 @@ int run_bench(const BenchOptions& o) {
         // A separate, untimed pass with per-op timing (it synchronizes after every op).
         eo.timing = TimingMode::PerOp;
         eo.learn = true;
-        Engine engine(eo);
+        Session engine(eo);
         for (const auto& test : tests) {
           start_bench_test(engine, test.n_depth, rng);
           run_bench_test(engine, test.n_prompt, test.n_gen, rng);

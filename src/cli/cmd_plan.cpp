@@ -15,11 +15,11 @@
 
 #include "cli_util.h"
 #include "commands_impl.h"
-#include "engine.h"
 #include "engine_flags.h"
 #include "tandem/bytes.h"
 #include "tandem/error.h"
 #include "tandem/layer_split.h"
+#include "tandem/runtime.h"
 
 namespace tandem::cli {
 
@@ -92,10 +92,10 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
                 "Also print every op of each phase: its backend, estimate and the reason");
   cmd->callback([&run, o]() {
     run = [o]() {
-      EngineOptions eo = o->engine.to_options(o->strategy);
+      SessionOptions eo = o->engine.to_options(o->strategy);
       print_gpu_flags_warning(o->engine);
       eo.record_events = false;
-      Engine engine(eo);
+      Session engine(eo);
       const std::vector<PhasePlan> phases = engine.plan_phases(o->n_prompt);
       // Where each persistent tensor lives after both phases.
       Residency r;

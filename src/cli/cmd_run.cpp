@@ -1,27 +1,22 @@
 // `tandem run` (generate text) and `tandem logits` (write logits for correctness checks).
 #include <CLI/CLI.hpp>
 
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <random>
+#include <string_view>
+#include <utility>
 
 #include "cli_util.h"
 #include "commands_impl.h"
-#include "engine.h"
 #include "engine_flags.h"
 #include "tandem/error.h"
 #include "tandem/model/sampler.h"
+#include "tandem/runtime.h"
 
 namespace tandem::cli {
-
-namespace {
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-}  // namespace
 
 void add_run(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("run", "Generate text from a prompt");
@@ -83,7 +78,7 @@ void add_run(CLI::App& app, std::function<int()>& run) {
         if (!prompt_raw.empty() && prompt_raw.back() == '\n') prompt_raw.pop_back();
       }
       const std::string prompt_text = o->escape ? process_escapes(prompt_raw) : prompt_raw;
-      EngineOptions eo = o->engine.to_options(o->strategy);
+      SessionOptions eo = o->engine.to_options(o->strategy);
       print_gpu_flags_warning(o->engine);
       eo.calibrate_if_missing = true;
       eo.learn = o->stats;  // timed ops refine the saved cost profile
@@ -93,47 +88,38 @@ void add_run(CLI::App& app, std::function<int()>& run) {
       eo.timing = o->stats            ? TimingMode::PerOp
                   : !o->trace.empty() ? TimingMode::Timeline
                                       : TimingMode::Off;
-      SamplerParams sp;
+      GenerateOptions go;
+      go.n_predict = o->n_predict;
+      SamplerParams& sp = go.sampling;
       sp.seed = o->seed == -1 ? std::random_device{}() : uint64_t(o->seed);
       sp.temperature = o->greedy ? 0.0f : o->temp;
       sp.top_k = o->top_k;
       sp.top_p = o->top_p;
       sp.min_p = o->min_p;
       sp.repeat_penalty = o->repeat_penalty;
-      Sampler sampler(sp);
-      Engine engine(eo);
-      EncodeOptions enc;
-      enc.add_bos = !o->no_bos;
-      std::vector<int32_t> prompt = engine.tokenizer().encode(prompt_text, enc);
+      const Sampler checked(sp);  // its parameters are checked before the model loads
+      Session engine(eo);
+      const std::vector<int32_t> prompt = engine.tokenize(prompt_text, !o->no_bos);
       TANDEM_CHECK_ARG(!prompt.empty(), "--prompt", "the prompt has no tokens");
-      TokenStream stream(engine.tokenizer());
-
-      auto t0 = std::chrono::steady_clock::now();
-      std::span<const float> logits = engine.eval(prompt);
-      const double prompt_s = seconds_since(t0);
-      // Echoed once the prompt has run: an error (e.g. --strict) leaves stdout empty.
-      std::fputs(prompt_text.c_str(), stdout);
-      std::fflush(stdout);
-      for (int32_t t : prompt) sampler.accept(t);
-      int generated = 0;
-      auto t1 = std::chrono::steady_clock::now();
-      const bool until_end = o->n_predict == -1;
-      for (; until_end || generated < o->n_predict; ++generated) {
-        int32_t next = sampler.sample(logits);
-        sampler.accept(next);
-        if (engine.tokenizer().is_end_of_generation(next)) break;
-        std::fputs(stream.push(next).c_str(), stdout);
+      // The prompt is echoed once it has run: an error (e.g. --strict) leaves stdout empty.
+      bool echoed = false;
+      auto echo_prompt = [&] {
+        if (std::exchange(echoed, true)) return;
+        std::fputs(prompt_text.c_str(), stdout);
         std::fflush(stdout);
-        if (generated + 1 == o->n_predict || engine.n_past() >= engine.n_ctx()) {
-          ++generated;
-          break;
-        }
-        logits = engine.eval(std::span<const int32_t>(&next, 1));
-      }
-      const double gen_s = seconds_since(t1);
-      std::fputs(stream.flush().c_str(), stdout);
+      };
+      const GenerateResult result =
+          engine.generate(prompt, go, [&](int32_t, std::string_view text) {
+            echo_prompt();
+            std::fwrite(text.data(), 1, text.size(), stdout);
+            std::fflush(stdout);
+            return true;
+          });
+      echo_prompt();
       std::printf("\n");
       std::fflush(stdout);
+      const double prompt_s = result.prompt_s, gen_s = result.generate_s;
+      const int generated = int(result.tokens.size());
       std::fprintf(stderr, "\nprompt: %zu tokens in %.3f s (%.1f tokens/s)\n", prompt.size(),
                    prompt_s, double(prompt.size()) / prompt_s);
       std::fprintf(stderr, "generation: %d tokens in %.3f s (%.1f tokens/s)\n", generated, gen_s,
@@ -174,9 +160,9 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
     run = [o]() {
       std::vector<int32_t> ids = parse_ids(o->tokens, "--tokens");
       TANDEM_CHECK_ARG(!ids.empty(), "--tokens", "no token ids given");
-      const EngineOptions eo = o->engine.to_options(o->strategy);
+      const SessionOptions eo = o->engine.to_options(o->strategy);
       print_gpu_flags_warning(o->engine);
-      Engine engine(eo);
+      Session engine(eo);
       std::span<const float> logits = engine.eval(ids, o->all);
       std::ofstream f(o->out, std::ios::binary);
       f.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size_bytes()));

@@ -14,12 +14,12 @@
 #include "bench_report.h"
 #include "cli_util.h"
 #include "commands_impl.h"
-#include "engine.h"
 #include "engine_flags.h"
 #include "placement_file.h"
 #include "tandem/bytes.h"
 #include "tandem/error.h"
 #include "tandem/registry.h"
+#include "tandem/runtime.h"
 
 namespace tandem::cli {
 
@@ -27,7 +27,7 @@ namespace {
 
 struct Variant {
   std::string label;
-  EngineOptions options;
+  SessionOptions options;
   double predicted_pp = 0.0, predicted_tg = 0.0;
   size_t device_bytes = 0;
   double pp = 0.0, tg = 0.0, score = 0.0;
@@ -80,7 +80,7 @@ void add_tune(CLI::App& app, std::function<int()>& run) {
                        "tune chooses the placement: drop --n-gpu-layers and --placement");
       bool gpu = false;
       for (const auto& id : available_backend_ids()) gpu = gpu || id.rfind("cuda:", 0) == 0;
-      EngineOptions base = o->engine.to_options(gpu ? "gpu" : "cpu");
+      SessionOptions base = o->engine.to_options(gpu ? "gpu" : "cpu");
       print_gpu_flags_warning(o->engine);
       if (base.n_ctx == 0) base.n_ctx = o->n_prompt + o->n_gen + 1;
       base.record_events = false;
@@ -93,7 +93,7 @@ void add_tune(CLI::App& app, std::function<int()>& run) {
       };
       int n_layer = 0;
       {
-        Engine probe(base);
+        Session probe(base);
         n_layer = int(probe.config().n_layer);
       }
       add("auto", "auto", {});
@@ -102,7 +102,7 @@ void add_tune(CLI::App& app, std::function<int()>& run) {
       } else {
         // The -ngl values whose resident bytes fit the budget: the largest, and a few below.
         auto predicted = [&](Variant& v) {
-          Engine e(v.options);
+          Session e(v.options);
           auto phases = e.plan_phases(o->n_prompt);
           v.predicted_pp = o->n_prompt * 1e6 / phases[0].predicted_us;
           v.predicted_tg = 1e6 / phases[1].predicted_us;
@@ -115,7 +115,7 @@ void add_tune(CLI::App& app, std::function<int()>& run) {
         };
         // -ngl N as the user types it (no budget: its weights and KV caches decide the bytes);
         // the largest N whose bytes fit the budget, and a few below it.
-        EngineOptions unbudgeted = base;
+        SessionOptions unbudgeted = base;
         unbudgeted.gpu_memory.reset();
         int fit = -1;
         for (int n = n_layer + 1; n >= 0 && fit < 0; --n) {
@@ -153,7 +153,7 @@ void add_tune(CLI::App& app, std::function<int()>& run) {
       Progress progress("tune", variants.size());
       for (size_t i = 0; i < variants.size(); ++i) {
         Variant& v = variants[i];
-        Engine engine(v.options);
+        Session engine(v.options);
         auto empty_context = [&] { start_bench_test(engine, 0, rng); };
         v.pp = median_rate(
             time_test(

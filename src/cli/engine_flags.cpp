@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <iostream>
+#include <memory>
 
 #include "cli_util.h"
 #include "commands_impl.h"
@@ -23,7 +25,7 @@ bool gpu_present() {
 
 // --strict turns every fallback into an error; on a machine without a GPU a GPU placement can
 // only fall back, so say so before loading the model (and before anything is printed).
-void check_strict_has_gpu(const std::string& strategy, const EngineOptions& o) {
+void check_strict_has_gpu(const std::string& strategy, const SessionOptions& o) {
   const bool wants_gpu = strategy == "gpu" || (o.n_gpu_layers && *o.n_gpu_layers > 0);
   if (!o.strict || !wants_gpu || gpu_present()) return;
   std::string backends;
@@ -42,7 +44,7 @@ bool is_gpu_id(const std::string& id) {
 }
 
 // --gpu-mem: "6GiB" for every GPU, "cuda:0=10G,cuda:1=12G" per GPU, or both ("8G,cuda:1=12G").
-void parse_gpu_mem(const std::string& text, EngineOptions& o) {
+void parse_gpu_mem(const std::string& text, SessionOptions& o) {
   const char* flag = "--gpu-mem";
   const auto ids = available_backend_ids();
   size_t start = 0;
@@ -97,6 +99,17 @@ std::vector<double> parse_tensor_split(const std::string& text) {
   return out;
 }
 
+// A progress bar for each upload of weights the session reports (silent off a terminal).
+HybridExecutor::Progress load_progress_bar() {
+  auto bar = std::make_shared<std::unique_ptr<Progress>>();
+  return [bar](size_t done, size_t total) {
+    if (!*bar)
+      *bar = std::make_unique<Progress>("loading weights (" + format_bytes(total) + ")", total);
+    (*bar)->update(done);
+    if (done >= total) bar->reset();
+  };
+}
+
 }  // namespace
 
 void EngineFlags::add(CLI::App& cmd, bool model_required, bool list_of_ngl) {
@@ -143,10 +156,12 @@ void EngineFlags::add(CLI::App& cmd, bool model_required, bool list_of_ngl) {
                "Use the built-in device figures: no profile is loaded and none is measured");
 }
 
-EngineOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_index) const {
-  EngineOptions o;
+SessionOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_index) const {
+  SessionOptions o;
   o.model_path = model;
   o.strategy = strategy;
+  o.log = &std::cerr;
+  o.load_progress = load_progress_bar();
   o.threads = threads;
   TANDEM_CHECK_ARG(threads >= 0 && threads <= 1024, "--threads", "must be in [0, 1024]");
   TANDEM_CHECK_ARG(ctx >= 0, "--ctx-size", "must be >= 0");

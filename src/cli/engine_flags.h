@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine.h"
+#include "tandem/runtime.h"
 
 namespace tandem::cli {
 
@@ -32,7 +32,7 @@ struct EngineFlags {
   void add(CLI::App& cmd, bool model_required = true, bool list_of_ngl = false);
   // Options for one strategy and one -ngl value (index into n_gpu_layers); validates every
   // value and names the flag at fault, before any model is loaded.
-  EngineOptions to_options(const std::string& strategy, size_t ngl_index = 0) const;
+  SessionOptions to_options(const std::string& strategy, size_t ngl_index = 0) const;
   // "" or, when GPU flags (--gpu-mem, -ngl above 0, -ts) are given on a machine without a GPU,
   // a warning that they change nothing, with the reason no GPU is available.
   std::string gpu_flags_warning() const;

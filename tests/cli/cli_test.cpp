@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "cli_harness.h"
-#include "engine.h"
 #include "tandem/model/sampler.h"
+#include "tandem/runtime.h"
 
 namespace {
 
@@ -135,11 +135,11 @@ TEST(Cli, LogitsWritesTheLastPositionOrAll) {
 // Greedy generation per strategy, in process, keeping each step's logits.
 std::vector<int32_t> greedy(const std::string& model, const std::string& strategy,
                             std::vector<std::vector<float>>* logits_out) {
-  tandem::cli::EngineOptions o;
+  tandem::SessionOptions o;
   o.model_path = model;
   o.strategy = strategy;
   o.n_ctx = 64;
-  tandem::cli::Engine e(o);
+  tandem::Session e(o);
   std::vector<int32_t> toks{1, 17, 42, 99};
   auto l = e.eval(toks);
   std::vector<int32_t> out;

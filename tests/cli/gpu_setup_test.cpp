@@ -35,14 +35,14 @@ int first_on_gpu1(const GpuSetup& s) {
   return kLayers;
 }
 
-GpuSetup setup(std::vector<std::shared_ptr<Backend>>& backends, const EngineOptions& o,
+GpuSetup setup(std::vector<std::shared_ptr<Backend>>& backends, const SessionOptions& o,
                const std::string& strategy = "gpu") {
   return setup_gpus(backends, o, Strategy::parse(strategy), kLayers);
 }
 
 TEST(GpuSetup, SplitsLayersByTensorSplitWithCachesAndOutput) {
   auto backends = cpu_and_two_gpus();
-  EngineOptions o;
+  SessionOptions o;
   o.tensor_split = {3, 1};
   GpuSetup s = setup(backends, o);
   EXPECT_TRUE(s.layers_split);
@@ -60,7 +60,7 @@ TEST(GpuSetup, SplitsLayersByTensorSplitWithCachesAndOutput) {
 
 TEST(GpuSetup, DefaultSplitFollowsPerGpuBudgets) {
   auto backends = cpu_and_two_gpus();
-  EngineOptions o;
+  SessionOptions o;
   o.gpu_memory_by_id = {{"gpu0", uint64_t(10) << 30}, {"gpu1", uint64_t(30) << 30}};
   GpuSetup s = setup(backends, o);
   EXPECT_EQ(first_on_gpu1(s), 8);
@@ -86,7 +86,7 @@ TEST(GpuSetup, DefaultSplitFollowsPerGpuBudgets) {
 
 TEST(GpuSetup, NglSplitsOnlyTheGpuLayers) {
   auto backends = cpu_and_two_gpus();
-  EngineOptions o;
+  SessionOptions o;
   o.n_gpu_layers = 10;
   GpuSetup s = setup(backends, o);
   EXPECT_EQ(first_on_gpu1(s), 5);
@@ -103,7 +103,7 @@ TEST(GpuSetup, NglSplitsOnlyTheGpuLayers) {
 
 TEST(GpuSetup, SplitModeNoneKeepsTheFirstGpuOnly) {
   auto backends = cpu_and_two_gpus();
-  EngineOptions o;
+  SessionOptions o;
   o.single_gpu = true;
   GpuSetup s = setup(backends, o);
   EXPECT_FALSE(s.layers_split);
@@ -112,7 +112,7 @@ TEST(GpuSetup, SplitModeNoneKeepsTheFirstGpuOnly) {
   EXPECT_EQ(backends[0]->backend_id(), "cpu");
   EXPECT_EQ(backends[1]->backend_id(), "gpu0");
   // One GPU: nothing to split.
-  EngineOptions plain;
+  SessionOptions plain;
   EXPECT_FALSE(setup(backends, plain).layers_split);
 }
 

@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "engine.h"
 #include "tandem/error.h"
 #include "tandem/model/synthetic.h"
 #include "tandem/registry.h"
+#include "tandem/runtime.h"
 
-namespace tandem::cli {
+namespace tandem {
 namespace {
 
 double nmse(std::span<const float> ref, std::span<const float> got) {
@@ -53,13 +53,13 @@ std::vector<int32_t> random_tokens(int n, int64_t n_vocab) {
 
 std::vector<float> all_logits(const std::string& path, const std::string& strategy,
                               std::span<const int32_t> tokens, std::vector<TensorPin> pins = {}) {
-  EngineOptions o;
+  SessionOptions o;
   o.model_path = path;
   o.strategy = strategy;
   o.n_ctx = 64;
   o.kv_dtype = DType::F32;
   o.pins = std::move(pins);
-  Engine e(o);
+  Session e(o);
   auto l = e.eval(tokens, true);
   return {l.begin(), l.end()};
 }
@@ -167,22 +167,22 @@ TEST(LlamaDecode, DecodeAfterPrefillEqualsLongerPrefill) {
   for (const std::string strategy : {"only:reference", "gpu"}) {
     std::string path = model_path(DType::F32);
     auto tokens = random_tokens(8, 512);
-    EngineOptions o;
+    SessionOptions o;
     o.model_path = path;
     o.strategy = strategy;
     o.n_ctx = 64;
     o.kv_dtype = DType::F32;
-    Engine full(o);
+    Session full(o);
     auto all = full.eval(tokens, true);
     const size_t V = 512;
     std::vector<float> last_full(all.end() - V, all.end());
 
-    Engine step(o);
+    Session step(o);
     step.eval(std::span<const int32_t>(tokens.data(), tokens.size() - 1));
     auto dec = step.eval(std::span<const int32_t>(&tokens.back(), 1));
     EXPECT_LE(nmse(last_full, dec), 1e-6) << strategy;
     // And the second-to-last position of the prefill equals a prefill one token shorter.
-    Engine shorter(o);
+    Session shorter(o);
     auto s = shorter.eval(std::span<const int32_t>(tokens.data(), tokens.size() - 1));
     std::vector<float> prev(all.end() - 2 * V, all.end() - V);
     EXPECT_LE(nmse(prev, s), 1e-6) << strategy;
@@ -191,11 +191,11 @@ TEST(LlamaDecode, DecodeAfterPrefillEqualsLongerPrefill) {
 
 TEST(LlamaEngine, RejectsBadInput) {
   std::string path = model_path(DType::F32);
-  EngineOptions o;
+  SessionOptions o;
   o.model_path = path;
   o.strategy = "cpu";
   o.n_ctx = 8;
-  Engine e(o);
+  Session e(o);
   std::vector<int32_t> bad{600};
   EXPECT_THROW(e.eval(bad), Error);
   std::vector<int32_t> too_long(9, 1);
@@ -205,7 +205,7 @@ TEST(LlamaEngine, RejectsBadInput) {
   EXPECT_THROW(e.eval(std::vector<int32_t>{1}), Error);  // context full
   o.model_path = path + ".missing";
   try {
-    Engine missing(o);
+    Session missing(o);
     FAIL() << "a missing file must throw";
   } catch (const Error& err) {
     EXPECT_EQ(err.code(), ErrorCode::Io);
@@ -213,9 +213,9 @@ TEST(LlamaEngine, RejectsBadInput) {
 }
 
 }  // namespace
-}  // namespace tandem::cli
+}  // namespace tandem
 
-namespace tandem::cli {
+namespace tandem {
 namespace {
 
 // -ngl says where weights live: later layers' weights stay in host memory (read there, or
@@ -223,13 +223,13 @@ namespace {
 TEST(LlamaMixed, NGpuLayersKeepsLaterLayersWeightsInHostMemory) {
   std::string path = model_path(DType::Q8_0);
   auto tokens = random_tokens(5, 512);
-  EngineOptions o;
+  SessionOptions o;
   o.model_path = path;
   o.strategy = "gpu";
   o.n_ctx = 32;
   o.kv_dtype = DType::F32;
   o.n_gpu_layers = 1;
-  Engine e(o);
+  Session e(o);
   auto got = e.eval(tokens, true);
   auto ref = all_logits(path, "only:reference", tokens);
   EXPECT_LE(nmse(ref, std::vector<float>(got.begin(), got.end())), 1e-3);
@@ -264,4 +264,4 @@ TEST(LlamaMixed, NGpuLayersKeepsLaterLayersWeightsInHostMemory) {
 }
 
 }  // namespace
-}  // namespace tandem::cli
+}  // namespace tandem

@@ -1,14 +1,18 @@
-// The generation engine behind `tandem run`, `bench` and `logits`: a mapped GGUF model, its
-// tokenizer, a scheduler over the chosen backends and an executor that keeps weights and the
-// KV cache resident between steps. Graphs are built once per step shape and reused.
+// A model session: a mapped GGUF model, its tokenizer, the backends from the registry, a
+// scheduler over them, an executor that keeps weights and the KV cache resident between steps,
+// and a sampler. What the CLI, the C API and the Python module all run. Graphs are built once
+// per step shape and reused.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tandem/calibration.h"
@@ -16,15 +20,16 @@
 #include "tandem/model/gguf.h"
 #include "tandem/model/llama_config.h"
 #include "tandem/model/llama_graph.h"
+#include "tandem/model/sampler.h"
 #include "tandem/model/tokenizer.h"
 #include "tandem/scheduler.h"
 
-namespace tandem::cli {
+namespace tandem {
 
 // The prefill length the automatic placement plans residency for (with one-token decode).
 inline constexpr int64_t kPlanPrefillTokens = 512;
 
-struct EngineOptions {
+struct SessionOptions {
   std::string model_path;
   std::string strategy = "gpu";                      // gpu | cpu | auto | only:ID
   std::optional<uint64_t> gpu_memory;                // persistent-memory budget for every GPU
@@ -39,7 +44,7 @@ struct EngineOptions {
   bool strict = false;
   std::vector<TensorPin> pins;  // --override-tensor style pins
   // llama.cpp -ngl: layers >= N (weights and KV cache), the token embedding and, below
-  // n_layer + 1, the output layer run on the CPU. Unset: placement is the strategy's alone.
+  // n_layer + 1, the output layer live in host memory. Unset: placement is the strategy's alone.
   std::optional<int> n_gpu_layers;
   TimingMode timing = TimingMode::Off;
   bool record_events = true;
@@ -51,6 +56,10 @@ struct EngineOptions {
   bool calibrate_if_missing = false;
   bool learn = false;
   int learn_every = 0;
+  // Called as weights are uploaded to a device (bytes done, bytes of this upload in all).
+  HybridExecutor::Progress load_progress;
+  // Where warnings while loading go (a missing cost profile); nullptr: nowhere.
+  std::ostream* log = nullptr;
 };
 
 // One phase's placement as `plan` shows it: made without running or uploading anything.
@@ -62,9 +71,35 @@ struct PhasePlan {
   double predicted_us = 0.0;  // the cost model's step time
 };
 
-class Engine {
+struct GenerateOptions {
+  int n_predict = 64;  // tokens to generate; -1: until the end of generation or the context
+  SamplerParams sampling;
+};
+
+// Called for every generated token with the text it completes (complete UTF-8 characters
+// only); token kNoToken carries the text held back at the end. Return false to stop.
+inline constexpr int32_t kNoToken = -1;
+using TokenCallback = std::function<bool(int32_t token, std::string_view text)>;
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated, end-of-generation token excluded
+  int64_t n_prompt = 0;
+  double prompt_s = 0.0;    // evaluating the prompt
+  double generate_s = 0.0;  // sampling and decoding the rest
+  bool stopped = false;     // the callback asked to stop
+};
+
+// llama.cpp's -ngl as pins: the weights of layers >= n_gpu_layers, the token embedding and,
+// below n_layer + 1, the output layer pinned to the first host (CPU-kind) backend. Where their
+// ops run stays the scheduler's choice (a GPU may stream a host weight for a large batch).
+std::vector<TensorPin> host_layer_pins(int n_layer, int n_gpu_layers,
+                                       std::span<const std::shared_ptr<Backend>> backends);
+
+class Session {
  public:
-  explicit Engine(const EngineOptions& options);
+  // Maps the model and builds the scheduler; uploads nothing until the first step. Throws
+  // Error (Io, Format, InvalidArgument, OutOfMemory) naming what is wrong.
+  explicit Session(const SessionOptions& options);
 
   const LlamaConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -73,22 +108,46 @@ class Engine {
   int64_t n_past() const { return n_past_; }
   const std::string& strategy_name() const { return strategy_name_; }
 
+  // Text to token ids (add_bos: as the vocab asks) and back.
+  std::vector<int32_t> tokenize(std::string_view text, bool add_bos = true) const;
+  std::string detokenize(std::span<const int32_t> tokens) const;
+
   // Evaluates tokens at positions [n_past, n_past + size) and advances n_past. Returns the
   // logits of the last token (n_vocab floats) or, with all_logits, of every token.
   std::span<const float> eval(std::span<const int32_t> tokens, bool all_logits = false);
-  // The placements of a prompt of n_prompt tokens and then a one-token decode step, each
-  // planned over what the one before leaves resident, as eval() will make them.
-  std::vector<PhasePlan> plan_phases(int64_t n_prompt);
+  // eval() by its usual names: a prompt, then one token at a time.
+  std::span<const float> prefill(std::span<const int32_t> tokens) { return eval(tokens); }
+  std::span<const float> decode(int32_t token) { return eval(std::span(&token, 1)); }
+  // The logits of the most recent step (empty before the first).
+  std::span<const float> logits() const { return logits_; }
+  // From a fresh context: the prompt, then up to n_predict sampled tokens, each passed to
+  // on_token as it comes. Stops at the end of generation or when the context is full.
+  GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& options,
+                          const TokenCallback& on_token = {});
   // Forgets the context (positions restart at 0; the cache is overwritten as it refills).
   void reset() { n_past_ = 0; }
 
+  // The placements of a prompt of n_prompt tokens and then a one-token decode step, each
+  // planned over what the one before leaves resident, as eval() will make them.
+  std::vector<PhasePlan> plan_phases(int64_t n_prompt);
+
   HybridScheduler& scheduler() { return *scheduler_; }
   HybridExecutor& executor() { return *executor_; }
+  const HybridExecutor& executor() const { return *executor_; }
+  const Telemetry& telemetry() const { return executor_->telemetry(); }
   // The placement of the most recent step (nullptr before the first).
   const Placement* last_placement() const { return last_placement_.get(); }
   const Graph* last_graph() const { return last_graph_; }
-  // "cuda:0 301 ops, cpu 12 ops; resident: cuda:0 4.21 GiB"
+  // "cuda:0 301 ops, cpu 12 ops; resident: cuda:0 4312.50 MiB cpu 0.00 MiB"
   std::string placement_summary() const;
+  // {"strategy", "summary", "backends": [{id, kind, ops, resident_bytes, budget_bytes}],
+  //  "phases": [{name, n_tokens, predicted_us, ops: {backend: n}}]}: plans the phases when no
+  // step has run yet.
+  std::string placement_json();
+  // {"ops", "transfers", "transfer_bytes", "actual_us", "estimated_us", "graph_us",
+  //  "backends": {id: {ops, actual_us, estimated_us, transfers_in, transfer_bytes}},
+  //  "tokens": {"evaluated", "generated"}}
+  std::string telemetry_json() const;
   // The cost model the scheduler was built with, refined by every timed op when learning.
   const LoadedCostModel& costs() const { return costs_; }
   // Writes what was learned back to the cost profile (no-op without one or without learning).
@@ -97,7 +156,6 @@ class Engine {
  private:
   const LlamaGraph& graph_for(int64_t n_tokens, bool all_logits);
   void plan_residency(int64_t n_prompt);
-  void upload_weights(const Graph& graph, const Placement& placement);
   void learn_from(const Graph& graph);
 
   gguf::File file_;
@@ -121,6 +179,9 @@ class Engine {
   int learn_every_ = 0;
   int64_t steps_ = 0;
   size_t events_learned_ = 0;
+  HybridExecutor::Progress load_progress_;
+  int64_t tokens_evaluated_ = 0;
+  int64_t tokens_generated_ = 0;
 };
 
-}  // namespace tandem::cli
+}  // namespace tandem

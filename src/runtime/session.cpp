@@ -1,26 +1,58 @@
-#include "engine.h"
+#include "tandem/runtime.h"
 
 #include <algorithm>
 #include <cstdio>
-#include <iostream>
 #include <numeric>
+#include <ostream>
 #include <sstream>
+#include <streambuf>
 
 #include "capacity.h"
-#include "cli_util.h"
 #include "gpu_setup.h"
 #include "tandem/error.h"
-#include "tandem/layer_split.h"
 #include "tandem/registry.h"
 
-namespace tandem::cli {
+namespace tandem {
 
-Engine::Engine(const EngineOptions& options)
+namespace {
+
+// The stream warnings go to when the caller wants none.
+std::ostream& null_stream() {
+  struct NullBuffer : std::streambuf {
+    int overflow(int c) override { return c; }
+  };
+  static NullBuffer buffer;
+  static std::ostream stream(&buffer);
+  return stream;
+}
+
+}  // namespace
+
+std::vector<TensorPin> host_layer_pins(int n_layer, int n_gpu_layers,
+                                       std::span<const std::shared_ptr<Backend>> backends) {
+  TANDEM_CHECK_ARG(n_gpu_layers >= 0, "--n-gpu-layers",
+                   "must be >= 0 (got " + std::to_string(n_gpu_layers) + ")");
+  auto host = std::find_if(backends.begin(), backends.end(),
+                           [](const auto& b) { return b->kind() == BackendKind::Cpu; });
+  TANDEM_CHECK_ARG(host != backends.end(), "--n-gpu-layers",
+                   "no host (CPU) backend to keep the other layers on");
+  const std::string& id = (*host)->backend_id();
+  std::string layers;
+  for (int l = n_gpu_layers; l < n_layer; ++l)
+    layers += (layers.empty() ? "" : "|") + std::to_string(l);
+  std::vector<TensorPin> pins;
+  if (!layers.empty()) pins.push_back({"^blk\\.(" + layers + ")\\..*$", id});
+  pins.push_back({"^token_embd\\.weight$", id});
+  if (n_gpu_layers <= n_layer) pins.push_back({"^output(_norm)?\\.weight$", id});
+  return pins;
+}
+
+Session::Session(const SessionOptions& options)
     : file_(gguf::File::open(options.model_path)), config_(LlamaConfig::from_gguf(file_)) {
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(file_));
   kv_dtype_ = options.kv_dtype;
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.context_length, 4096);
-  TANDEM_CHECK_ARG(n_ctx_ >= 1, "engine", "context length must be >= 1");
+  TANDEM_CHECK_ARG(n_ctx_ >= 1, "session", "context length must be >= 1");
 
   Strategy strategy = Strategy::parse(options.strategy);
   std::vector<TensorPin> pins = options.pins;
@@ -38,16 +70,9 @@ Engine::Engine(const EngineOptions& options)
   check_capacity(capacity);
   pins.insert(pins.end(), gpus.pins.begin(), gpus.pins.end());
   if (options.n_gpu_layers) {
-    const int ngl = *options.n_gpu_layers;
-    TANDEM_CHECK_ARG(ngl >= 0, "--n-gpu-layers", "must be >= 0 (got " + std::to_string(ngl) + ")");
-    std::string layers;
-    for (int l = ngl; l < int(config_.n_layer); ++l)
-      layers += (layers.empty() ? "" : "|") + std::to_string(l);
-    // Where the weights live, as llama.cpp's -ngl; where their ops run is the scheduler's
-    // choice (a GPU may stream a host weight for a large batch). KV caches follow the budget.
-    if (!layers.empty()) pins.push_back({"^blk\\.(" + layers + ")\\..*$", "cpu"});
-    pins.push_back({"^token_embd\\.weight$", "cpu"});
-    if (ngl <= int(config_.n_layer)) pins.push_back({"^output(_norm)?\\.weight$", "cpu"});
+    // Where the weights live, as llama.cpp's -ngl; KV caches follow the budget.
+    const auto host = host_layer_pins(int(config_.n_layer), *options.n_gpu_layers, backends);
+    pins.insert(pins.end(), host.begin(), host.end());
   }
   strategy_name_ = options.strategy;
   // A backend named by the strategy or a pin (e.g. "reference") joins even if it is not a
@@ -65,7 +90,7 @@ Engine::Engine(const EngineOptions& options)
   cost_options.path = options.cost_profile;
   cost_options.use_builtin = options.no_calibrate;
   cost_options.calibrate_if_missing = options.calibrate_if_missing;
-  costs_ = load_cost_model(backends, cost_options, std::cerr);
+  costs_ = load_cost_model(backends, cost_options, options.log ? *options.log : null_stream());
   learn_every_ = options.timing == TimingMode::PerOp ? 0 : options.learn_every;
   learn_ = costs_.measured &&
            ((options.learn && options.timing == TimingMode::PerOp) || learn_every_ > 0);
@@ -80,9 +105,10 @@ Engine::Engine(const EngineOptions& options)
   exec_options.record_events = options.record_events;
   executor_ = std::make_unique<HybridExecutor>(*scheduler_, exec_options);
   for (const auto& t : file_.tensors()) executor_->bind_weight(t.name, t.data, t.bytes);
+  load_progress_ = options.load_progress;
 }
 
-const LlamaGraph& Engine::graph_for(int64_t n_tokens, bool all_logits) {
+const LlamaGraph& Session::graph_for(int64_t n_tokens, bool all_logits) {
   auto key = std::make_pair(n_tokens, all_logits);
   auto it = graphs_.find(key);
   if (it != graphs_.end()) return it->second;
@@ -94,17 +120,17 @@ const LlamaGraph& Engine::graph_for(int64_t n_tokens, bool all_logits) {
   return graphs_.emplace(key, build_llama_graph(config_, file_, options)).first->second;
 }
 
-std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_logits) {
+std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_logits) {
   const int64_t n = int64_t(tokens.size());
-  TANDEM_CHECK_ARG(n >= 1, "engine", "no tokens to evaluate");
+  TANDEM_CHECK_ARG(n >= 1, "session", "no tokens to evaluate");
   if (n_past_ + n > n_ctx_) {
-    throw_error(ErrorCode::InvalidArgument, "engine",
+    throw_error(ErrorCode::InvalidArgument, "session",
                 "context full (" + std::to_string(n_past_) + " + " + std::to_string(n) +
                     " tokens > " + std::to_string(n_ctx_) + "; raise --ctx-size)");
   }
   for (int32_t t : tokens) {
     if (t < 0 || t >= config_.n_vocab) {
-      throw_error(ErrorCode::InvalidArgument, "engine",
+      throw_error(ErrorCode::InvalidArgument, "session",
                   "token id " + std::to_string(t) + " outside the vocabulary [0, " +
                       std::to_string(config_.n_vocab) + ")");
     }
@@ -119,9 +145,9 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
   last_placement_ = scheduler_->plan(lg.graph, executor_->residency());
   last_graph_ = &lg.graph;
   // Plans are cached: an unchanged placement needs no new uploads (keeps this off the per-token
-  // path; the walk below scans the residency).
+  // path; preload scans the residency).
   if (last_placement_ != uploaded_for_) {
-    upload_weights(lg.graph, *last_placement_);
+    executor_->preload(lg.graph, *last_placement_, load_progress_);
     uploaded_for_ = last_placement_;
   }
   Bindings bindings;
@@ -136,10 +162,11 @@ std::span<const float> Engine::eval(std::span<const int32_t> tokens, bool all_lo
   if (sampled) executor_->set_timing(timing);
   if (learn_ && (sampled || learn_every_ == 0)) learn_from(lg.graph);
   n_past_ += n;
+  tokens_evaluated_ += n;
   return logits_;
 }
 
-void Engine::plan_residency(int64_t n_prompt) {
+void Session::plan_residency(int64_t n_prompt) {
   if (residency_planned_) return;
   residency_planned_ = true;
   if (scheduler_->strategy().kind != Strategy::Kind::Automatic || scheduler_->residency_plan())
@@ -150,7 +177,7 @@ void Engine::plan_residency(int64_t n_prompt) {
   scheduler_->plan_residency(phases, executor_->residency());
 }
 
-std::vector<PhasePlan> Engine::plan_phases(int64_t n_prompt) {
+std::vector<PhasePlan> Session::plan_phases(int64_t n_prompt) {
   TANDEM_CHECK_ARG(n_prompt >= 1 && n_prompt <= n_ctx_, "plan",
                    "prompt length must be in [1, " + std::to_string(n_ctx_) + "] (got " +
                        std::to_string(n_prompt) + ")");
@@ -170,7 +197,7 @@ std::vector<PhasePlan> Engine::plan_phases(int64_t n_prompt) {
   return out;
 }
 
-void Engine::learn_from(const Graph& graph) {
+void Session::learn_from(const Graph& graph) {
   const std::vector<ExecutionEvent> events = executor_->telemetry().get_telemetry();
   if (events_learned_ > events.size()) events_learned_ = 0;  // the telemetry was cleared
   for (size_t i = events_learned_; i < events.size(); ++i) {
@@ -185,22 +212,11 @@ void Engine::learn_from(const Graph& graph) {
   events_learned_ = events.size();
 }
 
-void Engine::save_learned() {
+void Session::save_learned() {
   if (learn_) save_cost_model(costs_);
 }
 
-void Engine::upload_weights(const Graph& graph, const Placement& placement) {
-  // Weights a device keeps are uploaded here (not inside the first run) so a terminal shows
-  // the load's progress; the bar appears only when there is something to upload.
-  std::unique_ptr<Progress> bar;
-  executor_->preload(graph, placement, [&](size_t done, size_t total) {
-    if (!bar)
-      bar = std::make_unique<Progress>("loading weights (" + format_bytes(total) + ")", total);
-    bar->update(done);
-  });
-}
-
-std::string Engine::placement_summary() const {
+std::string Session::placement_summary() const {
   std::ostringstream os;
   if (!last_placement_) return "no step run yet";
   auto ops = last_placement_->ops_per_backend();
@@ -220,4 +236,4 @@ std::string Engine::placement_summary() const {
   return os.str();
 }
 
-}  // namespace tandem::cli
+}  // namespace tandem

@@ -1,4 +1,4 @@
-// The multi-GPU part of an engine's setup: which GPUs take part (--split-mode), the budget of
+// The multi-GPU part of a session's setup: which GPUs take part (--split-mode), the budget of
 // each (--gpu-mem) and, with several, the pins that split the GPU layers across them
 // (--tensor-split, -ngl).
 #pragma once
@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine.h"
+#include "tandem/runtime.h"
 
-namespace tandem::cli {
+namespace tandem {
 
 struct GpuSetup {
   std::vector<TensorPin> pins;                            // layer ranges and the output layer
@@ -21,7 +21,7 @@ struct GpuSetup {
 
 // Drops the GPUs that take no part from `backends` (--split-mode none keeps the first) and
 // returns the budgets and pins for the others. Throws InvalidArgument naming the flag at fault.
-GpuSetup setup_gpus(std::vector<std::shared_ptr<Backend>>& backends, const EngineOptions& options,
+GpuSetup setup_gpus(std::vector<std::shared_ptr<Backend>>& backends, const SessionOptions& options,
                     const Strategy& strategy, int n_layer);
 
-}  // namespace tandem::cli
+}  // namespace tandem

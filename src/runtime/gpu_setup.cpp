@@ -5,9 +5,9 @@
 #include "tandem/error.h"
 #include "tandem/layer_split.h"
 
-namespace tandem::cli {
+namespace tandem {
 
-GpuSetup setup_gpus(std::vector<std::shared_ptr<Backend>>& backends, const EngineOptions& options,
+GpuSetup setup_gpus(std::vector<std::shared_ptr<Backend>>& backends, const SessionOptions& options,
                     const Strategy& strategy, int n_layer) {
   if (options.single_gpu) {
     bool kept = false;
@@ -57,4 +57,4 @@ GpuSetup setup_gpus(std::vector<std::shared_ptr<Backend>>& backends, const Engin
   return setup;
 }
 
-}  // namespace tandem::cli
+}  // namespace tandem

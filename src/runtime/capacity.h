@@ -11,7 +11,7 @@
 #include "tandem/model/llama_config.h"
 #include "tandem/scheduler.h"
 
-namespace tandem::cli {
+namespace tandem {
 
 // Bytes as doubles: a context of 10^12 positions must be refused, not overflow.
 struct Capacity {
@@ -37,4 +37,4 @@ uint64_t host_available_bytes();
 // Throws OutOfMemory with every number when the model does not fit.
 void check_capacity(const Capacity& capacity);
 
-}  // namespace tandem::cli
+}  // namespace tandem

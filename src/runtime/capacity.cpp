@@ -10,7 +10,7 @@
 #include "tandem/bytes.h"
 #include "tandem/error.h"
 
-namespace tandem::cli {
+namespace tandem {
 
 namespace {
 
@@ -69,4 +69,4 @@ void check_capacity(const Capacity& c) {
                   (c.gpus > 0 ? ", raise --gpu-mem" : "") + " or use a smaller model");
 }
 
-}  // namespace tandem::cli
+}  // namespace tandem

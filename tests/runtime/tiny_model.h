@@ -1,0 +1,27 @@
+// A tiny synthetic LLaMA GGUF, written once per test process into a temporary directory.
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "tandem/model/synthetic.h"
+
+namespace tandem::test {
+
+inline const std::string& tiny_model_path() {
+  static const std::string path = [] {
+    const auto dir = std::filesystem::temp_directory_path() /
+                     ("tandem_runtime_test_" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string p = (dir / "tiny_f32.gguf").string();
+    SyntheticSpec spec = synthetic_preset("tiny", DType::F32, 11);
+    spec.threads = 1;
+    write_synthetic_model(spec, p);
+    return p;
+  }();
+  return path;
+}
+
+}  // namespace tandem::test
