@@ -163,6 +163,12 @@ int Walk::host_side(const Node& n, int host) {
     const bool on_host = current_ >= 0 && c_.group[size_t(current_)] == 0;
     auto step_end = [&](const std::vector<bool>& host_side) {
       double t = now_us_, queue = copy_free_us_[size_t(gpu)];
+      // The queue streams from the start of the step until it has carried every streamed
+      // weight: host compute inside that span slows it.
+      double queue_end = queue;
+      for (const SimOp& op : ops) {
+        if (op.runs != Runs::Either || !host_side[size_t(op.rank)]) queue_end += op.copy_us;
+      }
       bool here = on_host;
       for (const SimOp& op : ops) {
         bool there = false;
@@ -182,6 +188,12 @@ int Walk::host_side(const Node& n, int host) {
         if (there != here) t += op.hop_us;
         here = there;
         if (there) {
+          // The host's compute shares host memory with the copy engine's reads: what of it
+          // overlaps the queue's span delays every copy still to come.
+          const double delay =
+              kCopySlowdownUnderHostCompute * std::clamp(queue_end - t, 0.0, op.cpu_us);
+          queue += delay;
+          queue_end += delay;
           t += op.cpu_us;
         } else {
           queue += op.copy_us;
