@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <optional>
+#include <string>
 #include <string_view>
 
 namespace tandem::cli {
@@ -25,8 +27,6 @@ struct Refusal {
 // llama.cpp's and llama-bench's flags that Tandem does not have, and what to do instead.
 const std::vector<Refusal>& refusals() {
   static const std::vector<Refusal> table{
-      {{"-ctk", "--cache-type-k", "-ctv", "--cache-type-v"},
-       "separate K and V cache types are not supported; --kv-type (f16 or f32) sets both"},
       {{"-nkvo", "--no-kv-offload"},
        "not supported: KV caches are placed with the weights of their layer (see -ngl, --gpu-mem)"},
       {{"-mg", "--main-gpu"},
@@ -71,10 +71,56 @@ bool takes_free_text(std::string_view arg) {
   return arg == "-p" || arg == "--prompt" || arg == "-ot" || arg == "--override-tensor";
 }
 
+// llama.cpp's KV cache types, -ctk/-ctv TYPE (--cache-type-k/-v[=TYPE]), each f16 unless given.
+// Tandem has one type for both (--kv-type f16|f32): equal types become it; other types, a type
+// list (llama-bench sweeps them) or two different types are refused by name.
+std::string map_cache_types(std::vector<std::string>& args) {
+  std::optional<std::string> k, v;
+  std::vector<std::string> out{args[0]};
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (takes_free_text(arg)) {
+      out.push_back(arg);
+      if (i + 1 < args.size()) out.push_back(args[++i]);
+      continue;
+    }
+    const std::string_view name = flag_name(arg);
+    const bool is_k = name == "-ctk" || name == "--cache-type-k";
+    if (!is_k && name != "-ctv" && name != "--cache-type-v") {
+      out.push_back(arg);
+      continue;
+    }
+    std::string type;
+    if (arg.size() > name.size()) {
+      type = arg.substr(name.size() + 1);
+    } else if (i + 1 < args.size()) {
+      type = args[++i];
+    } else {
+      return std::string(name) + ": needs a cache type (f16 or f32)";
+    }
+    if (type != "f16" && type != "f32") {
+      return std::string(name) + ": cache type '" + type +
+             "' is not supported; Tandem's KV caches are f16 or f32 (--kv-type sets both)";
+    }
+    (is_k ? k : v) = type;
+  }
+  if (!k && !v) return "";
+  const std::string kt = k.value_or("f16"), vt = v.value_or("f16");
+  if (kt != vt) {
+    return "-ctk/-ctv: separate K and V cache types (" + kt + ", " + vt +
+           ") are not supported; --kv-type sets both";
+  }
+  out.push_back("--kv-type");
+  out.push_back(kt);
+  args = std::move(out);
+  return "";
+}
+
 }  // namespace
 
 std::string translate_llama_flags(std::vector<std::string>& args) {
   if (args.empty()) return "";
+  if (std::string error = map_cache_types(args); !error.empty()) return error;
   const std::string sub = args[0];
   for (size_t i = 1; i < args.size(); ++i) {
     std::string& arg = args[i];

@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   }
   std::vector<char*> translated{argv[0]};
   for (auto& arg : args) translated.push_back(arg.data());
+  argc = static_cast<int>(translated.size());  // a translation may change the count (-ctk/-ctv)
   argv = translated.data();
   try {
     app.parse(argc, argv);

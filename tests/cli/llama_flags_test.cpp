@@ -85,9 +85,35 @@ TEST(LlamaFlags, FlagsTandemLacksAreRefusedByName) {
   }
 }
 
+TEST(LlamaFlags, CacheTypesMapToOneKvType) {
+  // Equal K and V types (f16 unless given, as in llama.cpp) become --kv-type.
+  std::vector<std::string> args{"run", "-ctk", "f32", "-p", "-ctk", "--cache-type-v=f32"};
+  EXPECT_EQ(translate_llama_flags(args), "");
+  EXPECT_EQ(args, (std::vector<std::string>{"run", "-p", "-ctk", "--kv-type", "f32"}))
+      << "the prompt '-ctk' is text";
+  args = {"bench", "-ctv", "f16"};
+  EXPECT_EQ(translate_llama_flags(args), "");
+  EXPECT_EQ(args, (std::vector<std::string>{"bench", "--kv-type", "f16"}));
+  // Different types, unknown types, a llama-bench list, a missing type: refused by name.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused{
+      {{"run", "-ctk", "f32"}, "-ctk/-ctv: separate K and V cache types (f32, f16)"},
+      {{"bench", "-ctk", "f16,q8_0"}, "-ctk: cache type 'f16,q8_0' is not supported"},
+      {{"run", "--cache-type-k=q4_0"}, "--cache-type-k: cache type 'q4_0' is not supported"},
+      {{"run", "-ctv"}, "-ctv: needs a cache type"},
+  };
+  for (auto [a, want] : refused) {
+    const std::string error = translate_llama_flags(a);
+    EXPECT_EQ(error.rfind(want, 0), 0u) << error;
+  }
+  // The binary runs with them.
+  const std::string& m = tiny_model();
+  Result r = tandem("run -m " + m + " -p hi -n 1 --strategy cpu -ctk f32 -ctv f32");
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 TEST(LlamaFlags, RefusedByTheBinaryWithOneLineAndNothingOnStdout) {
   const std::string& m = tiny_model();
-  for (std::string flag : {"-ctk f16", "-nkvo", "-mg 0", "-tb 2", "-ub 64", "-cnv", "-dev cpu"}) {
+  for (std::string flag : {"-ctk q8_0", "-nkvo", "-mg 0", "-tb 2", "-ub 64", "-cnv", "-dev cpu"}) {
     Result r = tandem("run -m " + m + " -p hi -n 1 --strategy cpu " + flag);
     EXPECT_EQ(r.code, 2) << flag;
     EXPECT_EQ(lines(r.err), 1u) << flag << "\n" << r.err;
