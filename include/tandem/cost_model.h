@@ -155,7 +155,14 @@ class CostModel {
   // weight is copied once and then read by every later run: its transfer counts 1 / weight_runs
   // (the scheduler passes kWeightReuseRuns for device candidates).
   static OpCost estimate(const Graph& graph, const Node& node, const BackendProfile& profile,
-                         std::span<const uint8_t> input_hops = {}, double weight_runs = 1.0);
+                         std::span<const uint8_t> input_hops = {}, double weight_runs = 1.0) {
+    return estimate(graph, node, profile, profile.link, input_hops, weight_runs);
+  }
+  // The same with the input copies priced over `link` (a host candidate pulling device data
+  // prices it over that device's link).
+  static OpCost estimate(const Graph& graph, const Node& node, const BackendProfile& profile,
+                         const LinkProfile& link, std::span<const uint8_t> input_hops,
+                         double weight_runs);
   static double transfer_us(size_t bytes, const LinkProfile& link, int hops = 1);
   // A streamed weight's copy: from page-locked host memory (the executor keeps such copies of
   // streamed weights), at the pinned figures where measured, else the link's.

@@ -298,6 +298,12 @@ class HybridScheduler {
  private:
   struct Impl;
   explicit HybridScheduler(std::unique_ptr<Impl> impl);
+  // What plan() caches a placement by: the graph, its leaf names, the residency, the devices
+  // lost and the residency plan.
+  uint64_t plan_key(const Graph& graph, const Residency& residency) const;
+  // Plans the graph under `residency` and caches it under `key`.
+  std::shared_ptr<const Placement> make_placement(const Graph& graph, const Residency& residency,
+                                                  uint64_t key);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -103,7 +103,8 @@ double CostModel::transfer_us(size_t bytes, const LinkProfile& link, int hops) {
 }
 
 OpCost CostModel::estimate(const Graph& graph, const Node& node, const BackendProfile& profile,
-                           std::span<const uint8_t> input_hops, double weight_runs) {
+                           const LinkProfile& link, std::span<const uint8_t> input_hops,
+                           double weight_runs) {
   OpCost cost;
   if (!is_compute(node.op)) return cost;
   const OpWork w = op_work(graph, node);
@@ -130,11 +131,11 @@ OpCost CostModel::estimate(const Graph& graph, const Node& node, const BackendPr
     int hops = i < input_hops.size() ? input_hops[i] : 0;
     const OpKind op = graph.node(s).op;
     if (op == OpKind::Weight) {
-      cost.transfer_us += transfer_us(bytes, profile.link, hops) / weight_runs;
+      cost.transfer_us += transfer_us(bytes, link, hops) / weight_runs;
     } else if (op == OpKind::KvCache) {
-      cost.transfer_us += transfer_us(bytes, profile.link, hops);
+      cost.transfer_us += transfer_us(bytes, link, hops);
     } else {
-      cost.transfer_us += activation_us(bytes, profile.link, hops);
+      cost.transfer_us += activation_us(bytes, link, hops);
     }
   }
   const TensorDesc& out = graph.tensor(node.id);

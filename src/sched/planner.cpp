@@ -193,12 +193,15 @@ void Walk::evaluate(const Node& n) {
       }
     }
     if (!g_.tensor(n.id).is_view()) transient += g_.tensor(n.id).bytes();
-    BackendProfile prof = c_.profiles[b];
-    // A host candidate pulls device data over that device's link.
-    if (gb == 0 && source_device != kNoBackend) prof.link = c_.profiles[size_t(source_device)].link;
+    // A host candidate pulls device data over that device's link. (The profile is not copied:
+    // copying it, samples and all, for every op and backend took half of an 8B prefill's plan.)
+    const BackendProfile& prof = c_.profiles[b];
+    const LinkProfile& link = gb == 0 && source_device != kNoBackend
+                                  ? c_.profiles[size_t(source_device)].link
+                                  : prof.link;
     // A device keeps a weight it was sent: one upload serves many runs, or it would keep a
     // weight off the GPU forever.
-    e.cost = CostModel::estimate(g_, n, prof, hops_, gb != 0 ? kWeightReuseRuns : 1.0);
+    e.cost = CostModel::estimate(g_, n, prof, link, hops_, gb != 0 ? kWeightReuseRuns : 1.0);
     e.persistent = persistent;
     e.needed = persistent + transient;
     e.free = c_.budgets[b] > used_[b] ? c_.budgets[b] - used_[b] : 0;

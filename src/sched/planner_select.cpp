@@ -161,7 +161,7 @@ int Walk::host_side(const Node& n, int host) {
     // runs each op once its weights have landed and the op before it is done. Each change of
     // device on the chain moves the activation once over the link.
     const bool on_host = current_ >= 0 && c_.group[size_t(current_)] == 0;
-    auto step_end = [&](const std::vector<bool>& host_side) {
+    auto step_end = [&](const std::vector<uint8_t>& host_side) {
       double t = now_us_, queue = copy_free_us_[size_t(gpu)];
       // The queue streams from the start of the step until it has carried every streamed
       // weight: host compute inside that span slows it.
@@ -206,7 +206,7 @@ int Walk::host_side(const Node& n, int host) {
     // that ends the step sooner (the last ops of a prefill read one token: the output matrix
     // costs the host less than the queue). A move must gain kMinSplitGain of the step.
     host_side_.assign(k_max, false);
-    std::vector<bool> trial(k_max, false);
+    std::vector<uint8_t> trial(k_max, false);
     double best = step_end(trial);
     size_t split = 0;
     for (size_t k = 1; k <= k_max; ++k) {
@@ -227,7 +227,7 @@ int Walk::host_side(const Node& n, int host) {
         host_side_[i] = false;
       }
     }
-    const size_t on_cpu = size_t(std::count(host_side_.begin(), host_side_.end(), true));
+    const size_t on_cpu = size_t(std::count(host_side_.begin(), host_side_.end(), uint8_t(1)));
     char buf[192];
     std::snprintf(buf, sizeof buf,
                   "host weights split: %zu of %zu ops on %s (the first %zu), the rest streamed "

@@ -183,7 +183,7 @@ class Walk {
   std::vector<size_t> streamed_by_;    // per device: weight bytes it streams each run
   double now_us_ = 0.0;                // the step's timeline: ops chosen so far, one after another
   std::vector<int> host_rank_;         // per node: its rank among ops on host-pinned weights, or -1
-  std::vector<bool> host_side_;        // per rank: runs on the host (host_side)
+  std::vector<uint8_t> host_side_;     // per rank: runs on the host (host_side)
   std::string split_why_;
   std::vector<double> copy_free_us_;  // per device: when its copy queue has landed what it took
   size_t streamed_bytes_ = 0;

@@ -36,6 +36,22 @@ class ExecutorTest : public ::testing::Test {
   int baseline_ = 0;
 };
 
+// The first run of a graph uploads its weights and creates its caches; the placement the next
+// run needs under that residency was planned with the first, not in the second step.
+TEST_F(ExecutorTest, TheSecondRunOfAGraphFindsItsPlacementPlanned) {
+  MiniModel model(rng_);
+  auto sched = HybridScheduler::builder().with_backend(make_cpu()).with_backend(make_gpu()).build();
+  HybridExecutor exec(sched);
+  const std::vector<test::ModelStep> prefill = {prefill_then_decode(rng_).front()};
+  run_steps(sched, exec, model, prefill);
+  ASSERT_GT(exec.residency().size(), 0u);  // the run changed the residency
+  const size_t planned = sched.cached_plans();
+  const size_t built = exec.stats().plans_built;
+  run_steps(sched, exec, model, prefill);
+  EXPECT_EQ(sched.cached_plans(), planned);
+  EXPECT_EQ(exec.stats().plans_built, built);  // the same placement: its compiled plan reused
+}
+
 TEST_F(ExecutorTest, MixedPlacementGivesTheReferenceBits) {
   MiniModel model(rng_);
   auto steps = prefill_then_decode(rng_);
