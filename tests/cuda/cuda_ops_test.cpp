@@ -190,6 +190,30 @@ TEST(CudaOps, FusedMatvecsShareOneLaunch) {
   }
 }
 
+// K-quant matrix-vector products of one b share its quantization and run one launch per run of
+// equal dtype (a Q4_K_M layer mixes Q4_K and Q6_K); K of 2, 8 and 9 super-blocks (the kernel
+// loads 8 at a time).
+TEST(CudaOps, FusedKQuantMatvecsShareOneQuantization) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (int64_t k : {512, 2048, 2304}) {
+    for (int64_t n : {1, 3}) {
+      Graph g;
+      TensorId x = g.input("x", DType::F32, {k, n});
+      TensorId y = g.input("y", DType::F32, {k, n});
+      g.mark_output(g.matmul(g.weight("wq", DType::Q4_K, {k, 300}), x));
+      g.mark_output(g.matmul(g.weight("wk", DType::Q6_K, {k, 77}), x));  // a new dtype run
+      g.mark_output(g.matmul(g.weight("wv", DType::Q4_K, {k, 77}), x));
+      g.mark_output(g.matmul(g.weight("w4", DType::Q4_K, {k, 130}), x));  // a fourth: a new group
+      g.mark_output(g.matmul(g.weight("wg", DType::Q5_K, {k, 1000}), y));
+      g.mark_output(g.matmul(g.weight("wu", DType::Q5_K, {k, 1000}), y));
+      const std::string what =
+          "fused K-quant matvecs k=" + std::to_string(k) + " n=" + std::to_string(n);
+      expect_close(compare_with_reference(g, *backend, {}, /*as_segment=*/true), kMatmul, what);
+      expect_close(compare_with_reference(g, *backend, {}, /*as_segment=*/false), kMatmul, what);
+    }
+  }
+}
+
 TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
   TANDEM_REQUIRE_GPU(backend);
   for (DType d : {DType::Q4_0, DType::Q8_0}) {

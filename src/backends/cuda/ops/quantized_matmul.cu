@@ -125,74 +125,107 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
 // K-quant rows (GGUF Q4_K / Q5_K / Q6_K): one warp per row, each lane 8 elements of every
 // super-block (lane / 4 is Q4_K/Q5_K's sub-block; Q6_K's 16-element group is one scale), as two
 // int8x4 words for __dp4a against b's int8 blocks. Q4_K/Q5_K subtract min * sum(b) per lane;
-// Q6_K's quants are made signed (q - 32) per byte.
+// Q6_K's quants are made signed (q - 32) per byte. The loads of kKSteps super-blocks are issued
+// before any is used: a row of 2,048 elements is 8 super-blocks, and one at a time each waited
+// out a load's full latency (1B Q4_K_M decode spent two thirds of its time in these kernels).
+constexpr int kKSteps = 8;
+
+// One row `ar` of a K-quant matrix times kCols quantized columns of b: out[c * M + row].
 template <DType kType, int kCols>
-__global__ __launch_bounds__(kWarps * 32) void k_matvec_kernel(const uint8_t* a, int64_t row_stride,
-                                                               int64_t a_stride2, int64_t a_stride3,
-                                                               int64_t a_div2, int64_t a_div3,
-                                                               int M, int n_supers,
-                                                               const int8_t* bq, const float* bd,
-                                                               int64_t b_ne2, float* out) {
+__device__ __forceinline__ void k_matvec_row(const uint8_t* ar, int M, int row, int n_supers,
+                                             const int8_t* bq, const float* bd, float* out) {
+  constexpr bool kQ6 = kType == DType::Q6_K;
   constexpr int64_t kSuperBytes = kType == DType::Q4_K   ? sizeof(BlockQ4_K)
                                   : kType == DType::Q5_K ? sizeof(BlockQ5_K)
                                                          : sizeof(BlockQ6_K);
   const int lane = threadIdx.x % 32;
-  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (row >= M) return;
-  const int64_t z = blockIdx.y, i2 = z % b_ne2, i3 = z / b_ne2;
   const int64_t K = int64_t(n_supers) * kSuperBlock, n_blocks = K / kQBlock;
-  const uint8_t* ar = a + (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3 + row * row_stride;
-  bq += z * kCols * K;
-  bd += z * kCols * n_blocks;
-  out += z * int64_t(M) * kCols;
   const int e0 = 8 * lane;  // this lane's first element in each super-block
+  // Q4_K / Q5_K: sub-block j, byte l of its 32; the scale bytes j, j + 4 and (j >= 4) j - 4.
+  const int j = e0 / 32, l = e0 % 32;
+  // Q6_K: half h, quarter k of it, byte l of 32.
+  const int h6 = e0 / 128, k6 = (e0 % 128) / 32;
   float acc[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
-  for (int s = 0; s < n_supers; ++s) {
-    const uint8_t* blk = ar + s * kSuperBytes;
-    int w0, w1;
-    float dw, mw = 0.0f;
-    if constexpr (kType == DType::Q6_K) {
-      const auto* b = reinterpret_cast<const BlockQ6_K*>(blk);
-      const int h = e0 / 128, k = (e0 % 128) / 32, l = e0 % 32;
-      const uint8_t* ql = b->ql + 64 * h + 32 * (k & 1) + l;
-      const uint8_t* qh = b->qh + 32 * h + l;
-      const int shift = 4 * (k >> 1);
-      const int v0 = ((load_int_b2(ql) >> shift) & 0x0F0F0F0F) |
-                     (((load_int_b2(qh) >> (2 * k)) & 0x03030303) << 4);
-      const int v1 = ((load_int_b2(ql + 4) >> shift) & 0x0F0F0F0F) |
-                     (((load_int_b2(qh + 4) >> (2 * k)) & 0x03030303) << 4);
-      w0 = int(__vsub4(unsigned(v0), 0x20202020u));
-      w1 = int(__vsub4(unsigned(v1), 0x20202020u));
-      dw = f16_bits_to_f32(b->d) * float(b->scales[8 * h + 2 * k + l / 16]);
-    } else {
-      const auto* b = reinterpret_cast<const BlockQ4_K*>(blk);  // d, dmin, scales lead both
-      const int j = e0 / 32, l = e0 % 32, shift = 4 * (j % 2);
-      const uint8_t* qs =
-          kType == DType::Q4_K ? b->qs : reinterpret_cast<const BlockQ5_K*>(blk)->qs;
-      w0 = (load_int_b2(qs + 32 * (j / 2) + l) >> shift) & 0x0F0F0F0F;
-      w1 = (load_int_b2(qs + 32 * (j / 2) + l + 4) >> shift) & 0x0F0F0F0F;
-      if constexpr (kType == DType::Q5_K) {
-        const uint8_t* qh = reinterpret_cast<const BlockQ5_K*>(blk)->qh + l;
-        w0 |= ((load_int_b2(qh) >> j) & 0x01010101) << 4;
-        w1 |= ((load_int_b2(qh + 4) >> j) & 0x01010101) << 4;
+  for (int s0 = 0; s0 < n_supers; s0 += kKSteps) {
+    // Raw words first (quants, high bits, scales), all in flight together.
+    int q0[kKSteps], q1[kKSteps], h0[kKSteps], h1[kKSteps];
+    uint32_t dm[kKSteps];  // Q4_K/Q5_K: d | dmin << 16; Q6_K: d | scale << 16
+    uint32_t sb[kKSteps];  // Q4_K/Q5_K: scale bytes j | j + 4 << 8 | j - 4 << 16
+#pragma unroll
+    for (int t = 0; t < kKSteps; ++t) {
+      q0[t] = q1[t] = h0[t] = h1[t] = 0;
+      dm[t] = sb[t] = 0;
+      if (s0 + t >= n_supers) continue;
+      const uint8_t* blk = ar + int64_t(s0 + t) * kSuperBytes;
+      if constexpr (kQ6) {
+        const auto* b = reinterpret_cast<const BlockQ6_K*>(blk);
+        const uint8_t* ql = b->ql + 64 * h6 + 32 * (k6 & 1) + l;
+        const uint8_t* qh = b->qh + 32 * h6 + l;
+        q0[t] = load_int_b2(ql);
+        q1[t] = load_int_b2(ql + 4);
+        h0[t] = load_int_b2(qh);
+        h1[t] = load_int_b2(qh + 4);
+        dm[t] = uint32_t(b->d) | (uint32_t(uint8_t(b->scales[8 * h6 + 2 * k6 + l / 16])) << 16);
+      } else {
+        // 144- and 176-byte blocks keep 4-byte alignment; the quants' 8 bytes are 8-aligned.
+        const auto* b = reinterpret_cast<const BlockQ4_K*>(blk);  // d, dmin, scales lead both
+        const uint8_t* qs =
+            kType == DType::Q4_K ? b->qs : reinterpret_cast<const BlockQ5_K*>(blk)->qs;
+        const int2 qv = *reinterpret_cast<const int2*>(qs + 32 * (j / 2) + l);
+        q0[t] = qv.x;
+        q1[t] = qv.y;
+        if constexpr (kType == DType::Q5_K) {
+          const int2 hv =
+              *reinterpret_cast<const int2*>(reinterpret_cast<const BlockQ5_K*>(blk)->qh + l);
+          h0[t] = hv.x;
+          h1[t] = hv.y;
+        }
+        dm[t] = *reinterpret_cast<const uint32_t*>(blk);
+        sb[t] = uint32_t(b->scales[j]) | (uint32_t(b->scales[j + 4]) << 8) |
+                (uint32_t(b->scales[j >= 4 ? j - 4 : j]) << 16);
       }
-      uint8_t sc, m;
-      k_scale_min(j, b->scales, sc, m);
-      dw = f16_bits_to_f32(b->d) * float(sc);
-      mw = f16_bits_to_f32(b->dmin) * float(m);
     }
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      const int2 bv = *reinterpret_cast<const int2*>(bq + c * K + s * kSuperBlock + e0);
-      const float db = bd[c * n_blocks + s * (kSuperBlock / kQBlock) + e0 / kQBlock];
-      const int dot = __dp4a(w1, bv.y, __dp4a(w0, bv.x, 0));
-      if constexpr (kType == DType::Q6_K) {
-        acc[c] += db * dw * float(dot);
+    for (int t = 0; t < kKSteps; ++t) {
+      const int s = s0 + t;
+      if (s >= n_supers) break;
+      int w0, w1;
+      float dw, mw = 0.0f;
+      if constexpr (kQ6) {
+        const int shift = 4 * (k6 >> 1);
+        const int v0 = ((q0[t] >> shift) & 0x0F0F0F0F) | (((h0[t] >> (2 * k6)) & 0x03030303) << 4);
+        const int v1 = ((q1[t] >> shift) & 0x0F0F0F0F) | (((h1[t] >> (2 * k6)) & 0x03030303) << 4);
+        w0 = int(__vsub4(unsigned(v0), 0x20202020u));
+        w1 = int(__vsub4(unsigned(v1), 0x20202020u));
+        dw = f16_bits_to_f32(uint16_t(dm[t] & 0xFFFF)) * float(int8_t(dm[t] >> 16));
       } else {
-        const int sum = __dp4a(0x01010101, bv.y, __dp4a(0x01010101, bv.x, 0));
-        acc[c] += db * (dw * float(dot) - mw * float(sum));
+        const int shift = 4 * (j % 2);
+        w0 = (q0[t] >> shift) & 0x0F0F0F0F;
+        w1 = (q1[t] >> shift) & 0x0F0F0F0F;
+        if constexpr (kType == DType::Q5_K) {
+          w0 |= ((h0[t] >> j) & 0x01010101) << 4;
+          w1 |= ((h1[t] >> j) & 0x01010101) << 4;
+        }
+        // k_scale_min() on the three bytes this lane's sub-block reads.
+        const uint32_t bj = sb[t] & 0xFF, bj4 = (sb[t] >> 8) & 0xFF, bjm4 = (sb[t] >> 16) & 0xFF;
+        const uint32_t sc = j < 4 ? bj & 63 : (bj4 & 0x0F) | ((bjm4 >> 6) << 4);
+        const uint32_t m = j < 4 ? bj4 & 63 : (bj4 >> 4) | ((bj >> 6) << 4);
+        dw = f16_bits_to_f32(uint16_t(dm[t] & 0xFFFF)) * float(sc);
+        mw = f16_bits_to_f32(uint16_t(dm[t] >> 16)) * float(m);
+      }
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int2 bv = *reinterpret_cast<const int2*>(bq + c * K + s * kSuperBlock + e0);
+        const float db = bd[c * n_blocks + s * (kSuperBlock / kQBlock) + e0 / kQBlock];
+        const int dot = __dp4a(w1, bv.y, __dp4a(w0, bv.x, 0));
+        if constexpr (kQ6) {
+          acc[c] += db * dw * float(dot);
+        } else {
+          const int sum = __dp4a(0x01010101, bv.y, __dp4a(0x01010101, bv.x, 0));
+          acc[c] += db * (dw * float(dot) - mw * float(sum));
+        }
       }
     }
   }
@@ -201,6 +234,47 @@ __global__ __launch_bounds__(kWarps * 32) void k_matvec_kernel(const uint8_t* a,
     const float v = warp_sum(acc[c]);
     if (lane == 0) out[int64_t(c) * M + row] = v;
   }
+}
+
+template <DType kType, int kCols>
+__global__ __launch_bounds__(kWarps * 32) void k_matvec_kernel(const uint8_t* a, int64_t row_stride,
+                                                               int64_t a_stride2, int64_t a_stride3,
+                                                               int64_t a_div2, int64_t a_div3,
+                                                               int M, int n_supers,
+                                                               const int8_t* bq, const float* bd,
+                                                               int64_t b_ne2, float* out) {
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (row >= M) return;
+  const int64_t z = blockIdx.y, i2 = z % b_ne2, i3 = z / b_ne2;
+  const int64_t K = int64_t(n_supers) * kSuperBlock;
+  const uint8_t* ar = a + (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3 + row * row_stride;
+  k_matvec_row<kType, kCols>(ar, M, row, n_supers, bq + z * kCols * K,
+                             bd + z * kCols * (K / kQBlock), out + z * int64_t(M) * kCols);
+}
+
+// Up to kMaxParts K-quant matrices of one dtype multiplying the same quantized b in one launch:
+// rows [row_start[p], row_start[p + 1]) of the grid are part p's.
+struct KParts {
+  const uint8_t* a[kMaxParts];
+  int64_t row_stride[kMaxParts];
+  float* out[kMaxParts];
+  int row_start[kMaxParts + 1];
+};
+
+template <DType kType, int kCols>
+__global__ __launch_bounds__(kWarps *
+                             32) void k_matvec_parts_kernel(const __grid_constant__ KParts parts,
+                                                            int n_parts, int n_supers,
+                                                            const int8_t* bq, const float* bd) {
+  const int r = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (r >= parts.row_start[n_parts]) return;
+  int p = 0;
+#pragma unroll
+  for (int k = 1; k < kMaxParts; ++k) p += k < n_parts && r >= parts.row_start[k];
+  const int row = r - parts.row_start[p];
+  k_matvec_row<kType, kCols>(parts.a[p] + row * parts.row_stride[p],
+                             parts.row_start[p + 1] - parts.row_start[p], row, n_supers, bq, bd,
+                             parts.out[p]);
 }
 
 // Products of fewer than kMinOutputsForInt8Activations outputs (M x N) multiply f32 b: one warp
@@ -298,6 +372,48 @@ void launch_generic_matvec(const OpContext& ctx, const NodeExecution& e) {
   ctx.check_launch("quantized_matmul");
 }
 
+// K-quant products that multiply the same b (Q, K and V; gate and up): b quantized once, then
+// one launch per run of equal dtype (a Q4_K_M layer mixes Q4_K and Q6_K).
+template <int kCols>
+void launch_k_matvec_parts(const OpContext& ctx, std::span<const NodeExecution> execs) {
+  const TensorDesc& b = *execs[0].inputs[1].desc;
+  const int n_supers = int(execs[0].inputs[0].desc->ne[0] / kSuperBlock);
+  const int64_t b_blocks = b.elements() / kQBlock;
+  auto* bq = static_cast<int8_t*>(ctx.scratch);
+  auto* bd = reinterpret_cast<float*>(bq + align_up(size_t(b.elements()), kScratchAlignment));
+  quantize_b_kernel<<<grid_1d(b_blocks * 32, 256, INT32_MAX), 256, 0, ctx.stream>>>(
+      static_cast<const float*>(execs[0].inputs[1].data), bq, bd, b_blocks);
+  ctx.check_launch("quantized_matmul");
+  for (size_t i = 0; i < execs.size();) {
+    const DType dtype = execs[i].inputs[0].desc->dtype;
+    KParts parts{};
+    int n = 0;
+    for (; i < execs.size() && n < kMaxParts && execs[i].inputs[0].desc->dtype == dtype; ++i, ++n) {
+      const TensorDesc& a = *execs[i].inputs[0].desc;
+      parts.a[n] = static_cast<const uint8_t*>(execs[i].inputs[0].data);
+      parts.row_stride[n] = a.nb[1];
+      parts.out[n] = static_cast<float*>(execs[i].output.data);
+      parts.row_start[n + 1] = parts.row_start[n] + int(a.ne[1]);
+    }
+    const unsigned blocks = unsigned((parts.row_start[n] + kWarps - 1) / kWarps);
+    auto go = [&](auto kernel) {
+      kernel<<<blocks, kWarps * 32, 0, ctx.stream>>>(parts, n, n_supers, bq, bd);
+    };
+    switch (dtype) {
+      case DType::Q4_K:
+        go(k_matvec_parts_kernel<DType::Q4_K, kCols>);
+        break;
+      case DType::Q5_K:
+        go(k_matvec_parts_kernel<DType::Q5_K, kCols>);
+        break;
+      default:
+        go(k_matvec_parts_kernel<DType::Q6_K, kCols>);
+        break;
+    }
+    ctx.check_launch("quantized_matmul");
+  }
+}
+
 size_t quantized_matmul_scratch_bytes(const NodeExecution& e, int /*sm_count*/) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
@@ -349,6 +465,28 @@ void add_quantized_matmul_kernels(KernelTable<Kernel>& rows) {
 }
 
 size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment) {
+  // K-quant matrices (2-D) multiplying the same b: one quantization of b, fewer launches.
+  auto is_k_matvec = [](const NodeExecution& e) {
+    const TensorDesc& a = *e.inputs[0].desc;
+    const TensorDesc& b = *e.inputs[1].desc;
+    return e.node->op == OpKind::QuantizedMatMul && is_k_quant(a.dtype) && b.ne[1] >= 1 &&
+           b.ne[1] <= kMatvecMaxColumns && int8_activations(a.ne[1], b.ne[1]) &&
+           a.ne[2] * a.ne[3] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[1] <= INT32_MAX / 4;
+  };
+  if (segment.size() >= 2 && is_k_matvec(segment[0])) {
+    const NodeExecution& first = segment[0];
+    size_t n = 1;
+    while (n < segment.size() && n < size_t(kMaxParts) && is_k_matvec(segment[n]) &&
+           segment[n].inputs[1].data == first.inputs[1].data &&
+           segment[n].inputs[1].desc->ne == first.inputs[1].desc->ne &&
+           segment[n].inputs[0].desc->ne[0] == first.inputs[0].desc->ne[0]) {
+      ++n;
+    }
+    if (n < 2) return 0;
+    with_columns(first.inputs[1].desc->ne[1],
+                 [&](auto cols) { launch_k_matvec_parts<cols()>(ctx, segment.first(n)); });
+    return n;
+  }
   auto is_matvec = [](const NodeExecution& e) {
     return e.node->op == OpKind::QuantizedMatMul && !is_k_quant(e.inputs[0].desc->dtype) &&
            e.inputs[1].desc->ne[1] >= 1 && e.inputs[1].desc->ne[1] <= kMatvecMaxColumns &&
