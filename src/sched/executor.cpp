@@ -514,6 +514,15 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
       }
       dirty[size_t(step.backend)] = true;
     }
+    // Device outputs: downloads queued behind the step's work, waited for with the copies.
+    uint8_t* staging = plan.staging_data();
+    for (size_t k = 0; k < plan.outputs.size(); ++k) {
+      const ExecPlan::Output& o = plan.outputs[k];
+      if (!plan.output_dest[k] || o.backend < 0) continue;
+      Backend& from = *m.backends[size_t(o.backend)];
+      if (from.download_async(staging + o.staging_offset, o.src_ptr, o.bytes))
+        host_copies[size_t(o.backend)] = true;
+    }
     wait_host_copies();
     for (size_t b = 0; b < nb; ++b) {
       if (plan.backend_used[b] || dirty[b]) m.backends[b]->synchronize();
@@ -538,13 +547,6 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
         e.actual_us = e.transfer_us = std::max(0.0, end - start);
       }
     }
-    for (size_t k = 0; k < plan.outputs.size(); ++k) {
-      const ExecPlan::Output& o = plan.outputs[k];
-      if (plan.output_dest[k] && o.backend >= 0) {
-        m.backends[size_t(o.backend)]->copy_to_host(plan.staging.data() + o.staging_offset,
-                                                    o.src_ptr, o.bytes);
-      }
-    }
   } catch (...) {
     // Leave every backend idle; outputs are untouched and all memory stays owned.
     for (auto& b : m.backends) {
@@ -558,7 +560,7 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
   for (size_t k = 0; k < plan.outputs.size(); ++k) {
     const ExecPlan::Output& o = plan.outputs[k];
     if (!plan.output_dest[k]) continue;
-    const void* src = o.backend >= 0 ? plan.staging.data() + o.staging_offset : o.src_ptr;
+    const void* src = o.backend >= 0 ? plan.staging_data() + o.staging_offset : o.src_ptr;
     std::memcpy(plan.output_dest[k], src, o.bytes);
   }
   m.stats.runs++;

@@ -92,7 +92,13 @@ struct ExecPlan {
   uint64_t generation = 0;
   uint64_t last_used = 0;
   std::vector<Buffer> arenas;  // per group
+  // Where device outputs land before they are copied to the caller: page-locked memory from a
+  // device that offers it (host_staging), else `staging`.
   std::vector<uint8_t> staging;
+  Buffer host_staging;
+  uint8_t* staging_data() {
+    return host_staging.data() ? static_cast<uint8_t*>(host_staging.data()) : staging.data();
+  }
   std::vector<NodeExecution> execs;  // compute nodes in order
   std::vector<TensorId> exec_id;
   std::vector<OpKind> exec_op;
