@@ -91,9 +91,13 @@ struct GenerateResult {
 
 // llama.cpp's -ngl as pins: the weights of layers >= n_gpu_layers, the token embedding and,
 // below n_layer + 1, the output layer pinned to the first host (CPU-kind) backend. Where their
-// ops run stays the scheduler's choice (a GPU may stream a host weight for a large batch).
+// ops run stays the scheduler's choice (a GPU may stream a host weight for a large batch). With
+// tied embeddings (the output layer multiplies by token_embd) the embedding goes where the output
+// layer goes: llama.cpp keeps a second copy on the GPU; pinned to the host, the GPU would stream
+// the whole vocabulary matrix every token.
 std::vector<TensorPin> host_layer_pins(int n_layer, int n_gpu_layers,
-                                       std::span<const std::shared_ptr<Backend>> backends);
+                                       std::span<const std::shared_ptr<Backend>> backends,
+                                       bool tied_embeddings = false);
 
 class Session {
  public:

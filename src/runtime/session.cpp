@@ -29,7 +29,8 @@ std::ostream& null_stream() {
 }  // namespace
 
 std::vector<TensorPin> host_layer_pins(int n_layer, int n_gpu_layers,
-                                       std::span<const std::shared_ptr<Backend>> backends) {
+                                       std::span<const std::shared_ptr<Backend>> backends,
+                                       bool tied_embeddings) {
   TANDEM_CHECK_ARG(n_gpu_layers >= 0, "--n-gpu-layers",
                    "must be >= 0 (got " + std::to_string(n_gpu_layers) + ")");
   auto host = std::find_if(backends.begin(), backends.end(),
@@ -42,8 +43,9 @@ std::vector<TensorPin> host_layer_pins(int n_layer, int n_gpu_layers,
     layers += (layers.empty() ? "" : "|") + std::to_string(l);
   std::vector<TensorPin> pins;
   if (!layers.empty()) pins.push_back({"^blk\\.(" + layers + ")\\..*$", id});
-  pins.push_back({"^token_embd\\.weight$", id});
-  if (n_gpu_layers <= n_layer) pins.push_back({"^output(_norm)?\\.weight$", id});
+  const bool output_on_host = n_gpu_layers <= n_layer;
+  if (output_on_host || !tied_embeddings) pins.push_back({"^token_embd\\.weight$", id});
+  if (output_on_host) pins.push_back({"^output(_norm)?\\.weight$", id});
   return pins;
 }
 
@@ -71,7 +73,8 @@ Session::Session(const SessionOptions& options)
   pins.insert(pins.end(), gpus.pins.begin(), gpus.pins.end());
   if (options.n_gpu_layers) {
     // Where the weights live, as llama.cpp's -ngl; KV caches follow the budget.
-    const auto host = host_layer_pins(int(config_.n_layer), *options.n_gpu_layers, backends);
+    const auto host = host_layer_pins(int(config_.n_layer), *options.n_gpu_layers, backends,
+                                      config_.tied_embeddings);
     pins.insert(pins.end(), host.begin(), host.end());
   }
   strategy_name_ = options.strategy;

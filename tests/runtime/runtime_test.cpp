@@ -150,6 +150,9 @@ TEST(HostLayerPins, PinToTheFirstHostBackendByKind) {
   for (const auto& p : pins) EXPECT_EQ(p.backend_id, "host-x");
   EXPECT_EQ(pins[0].pattern, "^blk\\.(2|3)\\..*$");
   EXPECT_EQ(host_layer_pins(4, 5, backends).size(), 1u);  // only the embedding
+  // Tied embeddings: the embedding is the output matrix and goes where the output layer goes.
+  EXPECT_EQ(host_layer_pins(4, 5, backends, /*tied_embeddings=*/true).size(), 0u);
+  EXPECT_EQ(host_layer_pins(4, 4, backends, /*tied_embeddings=*/true).size(), 2u);
   EXPECT_THROW(host_layer_pins(4, -1, backends), Error);
   backends.pop_back();
   EXPECT_THROW(host_layer_pins(4, 2, backends), Error);
