@@ -11,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include "../temp_dir.h"
+
 namespace cli_test {
 
 namespace fs = std::filesystem;
@@ -23,8 +25,7 @@ struct Result {
 // Runs the tandem binary with a shell command line; captures stdout and stderr separately.
 inline Result tandem(const std::string& args) {
   static int counter = 0;
-  fs::path dir = fs::temp_directory_path() / ("tandem_cli_test_" + std::to_string(getpid()));
-  fs::create_directories(dir);
+  const fs::path& dir = tandem::test::process_temp_dir("tandem_cli_test_");
   std::string out = (dir / ("out" + std::to_string(counter))).string();
   std::string err = (dir / ("err" + std::to_string(counter++))).string();
   std::string cmd = std::string(TANDEM_BIN) + " " + args + " >" + out + " 2>" + err + " </dev/null";
@@ -46,11 +47,12 @@ inline size_t lines(const std::string& s) {
   return n + (!s.empty() && s.back() != '\n');
 }
 
+// The tiny model of this test process, generated once and removed when the process exits (ctest
+// runs every case in a process of its own: a thousand runs left a thousand files behind).
 inline const std::string& tiny_model() {
   static std::string path;
   if (path.empty()) {
-    path = (fs::temp_directory_path() / ("tandem_cli_tiny_" + std::to_string(getpid()) + ".gguf"))
-               .string();
+    path = (tandem::test::process_temp_dir("tandem_cli_test_") / "tiny.gguf").string();
     Result r = tandem("synth --preset tiny --type f32 --seed 3 -o " + path);
     EXPECT_EQ(r.code, 0) << r.err;
   }

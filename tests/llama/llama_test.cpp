@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../temp_dir.h"
 #include "tandem/error.h"
 #include "tandem/model/synthetic.h"
 #include "tandem/registry.h"
@@ -32,9 +33,7 @@ std::string model_path(DType dtype) {
   static std::map<DType, std::string> paths;
   auto it = paths.find(dtype);
   if (it != paths.end()) return it->second;
-  auto dir =
-      std::filesystem::temp_directory_path() / ("tandem_llama_test_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
+  const auto& dir = test::process_temp_dir("tandem_llama_test_");
   std::string path = (dir / ("tiny_" + std::string(dtype_name(dtype)) + ".gguf")).string();
   SyntheticSpec spec = synthetic_preset("tiny", dtype, 7);
   spec.threads = 1;
@@ -120,9 +119,7 @@ std::string k_quant_model_path(DType dtype, SyntheticMix mix) {
   static std::map<DType, std::string> paths;
   auto it = paths.find(dtype);
   if (it != paths.end()) return it->second;
-  auto dir =
-      std::filesystem::temp_directory_path() / ("tandem_llama_test_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
+  const auto& dir = test::process_temp_dir("tandem_llama_test_");
   std::string path = (dir / ("tiny_" + std::string(dtype_name(dtype)) + ".gguf")).string();
   SyntheticSpec spec = synthetic_preset("tiny", dtype, 11, mix);
   spec.n_embd = 256;

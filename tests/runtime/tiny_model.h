@@ -6,16 +6,14 @@
 #include <filesystem>
 #include <string>
 
+#include "../temp_dir.h"
 #include "tandem/model/synthetic.h"
 
 namespace tandem::test {
 
 inline const std::string& tiny_model_path() {
   static const std::string path = [] {
-    const auto dir = std::filesystem::temp_directory_path() /
-                     ("tandem_runtime_test_" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir);
-    const std::string p = (dir / "tiny_f32.gguf").string();
+    const std::string p = (process_temp_dir("tandem_runtime_test_") / "tiny_f32.gguf").string();
     SyntheticSpec spec = synthetic_preset("tiny", DType::F32, 11);
     spec.threads = 1;
     write_synthetic_model(spec, p);
