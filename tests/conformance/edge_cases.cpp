@@ -36,14 +36,11 @@ const Sizes kFewRows{1, 2, 3, 4, 5, 7};
 const Sizes kFloatK{1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129};
 const Sizes kRowsM{1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65};
 const Sizes kColsN{1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17};
-// Whole Q8_0 / Q4_0 blocks: 1 to 17 of them; 256 and 512 take CUDA's staged matvec (K a
+// Whole Q8_0 / Q4_0 blocks, 1 to 17 of them; 256 and 512 take CUDA's staged matvec (K a
 // multiple of its 256-element group), 224 and 288 its generic kernel.
 const Sizes kBlockK{32, 64, 96, 160, 224, 256, 288, 480, 512, 544};
 const Sizes kSuperK{256, 512, 768};
 
-std::vector<DType> float_and_block_dtypes() {
-  return convertible_dtypes();
-}
 std::vector<DType> k_quant_dtypes() {
   return {std::begin(kKQuantDTypes), std::end(kKQuantDTypes)};
 }
@@ -67,7 +64,7 @@ void draw(Catalog& cat, int count, uint64_t seed, F&& one) {
 // Copy: contiguous sources of every dtype pair; for the float and integer formats also
 // transposed, permuted, row-strided and offset views (the one op that reads strided inputs).
 void copy_edges(Catalog& cat) {
-  const std::vector<DType> types = float_and_block_dtypes();
+  const std::vector<DType> types = convertible_dtypes();
   for (DType src : types) {
     for (DType dst : types) {
       const bool q = quantized(src) || quantized(dst);
@@ -149,7 +146,7 @@ void copy_edges(Catalog& cat) {
 }
 
 void get_rows_edges(Catalog& cat) {
-  std::vector<DType> types = float_and_block_dtypes();
+  std::vector<DType> types = convertible_dtypes();
   for (DType k : k_quant_dtypes()) types.push_back(k);
   for (DType dtype : types) {
     draw(cat, 8, 0x6E7 + uint64_t(dtype), [&](Catalog& c, Draw& d) {
