@@ -1,10 +1,13 @@
 // The case catalog: every dtype combination the Graph builder accepts for every compute op,
-// at shapes of 1, odd sizes, non-multiples of 32 (where the dtype allows) and large sizes.
+// at hand-picked shapes of 1, odd sizes, non-multiples of 32 (where the dtype allows) and large
+// sizes, then the edge cases drawn around the kernels' block and tile edges (edge_cases.cpp).
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "catalog.h"
 #include "harness.h"
 #include "tandem/kernel_table.h"
 
@@ -12,62 +15,10 @@ namespace tandem::conformance {
 
 namespace {
 
-using Shape = std::vector<int64_t>;
-
 constexpr DType kConvertible[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
 constexpr DType kFloat[] = {DType::F32, DType::F16, DType::BF16};
 constexpr DType kQuantized[] = {DType::Q8_0, DType::Q4_0};
 constexpr DType kCacheTypes[] = {DType::F32, DType::F16};
-
-bool quantized(DType d) {
-  return dtype_traits(d).is_quantized;
-}
-
-std::string dims(const Shape& s) {
-  std::string out;
-  for (int64_t v : s) {
-    if (!out.empty()) out += 'x';
-    out += std::to_string(v);
-  }
-  return out;
-}
-
-std::string dt(DType d) {
-  return std::string(dtype_name(d));
-}
-
-// Leaves from a shape vector (the Graph API takes initializer lists).
-TensorId leaf(Graph& g, OpKind op, const std::string& name, DType dtype, const Shape& s) {
-  Dims ne{1, 1, 1, 1};
-  for (size_t i = 0; i < s.size(); ++i) ne[i] = s[i];
-  return g.leaf(op, make_tensor_desc(name, dtype, ne, int(s.size())));
-}
-TensorId input(Graph& g, const std::string& name, DType dtype, const Shape& s) {
-  return leaf(g, OpKind::Input, name, dtype, s);
-}
-TensorId weight(Graph& g, const std::string& name, DType dtype, const Shape& s) {
-  return leaf(g, OpKind::Weight, name, dtype, s);
-}
-
-class Catalog {
- public:
-  explicit Catalog(bool large) : large_(large) {}
-
-  void add(std::string name, Graph g, std::vector<LeafFill> fills = {}) {
-    Case c;
-    c.name = std::move(name);
-    c.graph = std::move(g);
-    c.fills = std::move(fills);
-    c.threshold = threshold_for(c.graph, c.node());
-    cases_.push_back(std::move(c));
-  }
-  bool large() const { return large_; }
-  std::vector<Case> take() { return std::move(cases_); }
-
- private:
-  bool large_;
-  std::vector<Case> cases_;
-};
 
 void copy_cases(Catalog& cat) {
   for (DType src : kConvertible) {
@@ -413,6 +364,7 @@ std::vector<Case> builtin_cases(bool large) {
   attention_cases(cat);
   dequantize_cases(cat);
   kv_write_cases(cat);
+  add_edge_cases(cat);
   return cat.take();
 }
 
@@ -446,6 +398,18 @@ int dispatch_row(const Backend& backend, const Case& c) {
     if (row_covers(rows[r], c.graph, c.node(), backend.features())) return int(r);
   }
   return -1;
+}
+
+CaseCount count_cases(const std::vector<OpCapability>& rows,
+                      const std::vector<std::string>& features, const std::vector<Case>& cases) {
+  CaseCount count;
+  for (const Case& c : cases) {
+    const bool covered = std::any_of(rows.begin(), rows.end(), [&](const OpCapability& row) {
+      return row_covers(row, c.graph, c.node(), features);
+    });
+    ++(covered ? count.run : count.refused);
+  }
+  return count;
 }
 
 }  // namespace tandem::conformance

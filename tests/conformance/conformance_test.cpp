@@ -11,6 +11,9 @@
 #include "harness.h"
 #include "reference_backend.h"
 #include "tandem/registry.h"
+#ifdef TANDEM_TEST_CUDA_BUILT
+#include "cuda_backend.h"
+#endif
 
 namespace tandem::conformance {
 namespace {
@@ -148,6 +151,19 @@ TEST_P(BackendTable, EveryDeclaredRowHasACase) {
   }
 }
 
+// Enough of the catalog runs on the backend: its count is printed, and a table or catalog change
+// that drops it below the minimum fails.
+TEST_P(BackendTable, RunsAtLeastTheMinimumCaseCount) {
+  Backend& b = backend();
+  size_t run = 0;
+  for (const Case& c : catalog()) run += b.check(c.graph, c.node()).ok() ? 1 : 0;
+  std::cout << b.backend_id() << ": " << run << " conformance cases run, " << catalog().size() - run
+            << " refused\n";
+  EXPECT_EQ(run, count_cases(b.capabilities(), b.features(), catalog()).run)
+      << "check() and the capability table disagree";
+  EXPECT_GE(run, kMinCasesPerBackend) << b.backend_id() << " runs too few conformance cases";
+}
+
 INSTANTIATE_TEST_SUITE_P(Conformance, BackendTable, ::testing::ValuesIn(backend_ids()),
                          [](const ::testing::TestParamInfo<std::string>& param_info) {
                            return test_name(param_info.param, "table");
@@ -162,6 +178,12 @@ TEST(ConformanceAvailability, BackendsOtherThanReference) {
   }
   std::cout << declared_cases().size() << " conformance cases over " << backends_under_test().size()
             << " backend(s)\n";
+  for (const auto& [id, entry] : backends_under_test()) {
+    if (!entry.backend) continue;
+    const CaseCount n =
+        count_cases(entry.backend->capabilities(), entry.backend->features(), catalog());
+    std::cout << "  " << id << ": " << n.run << " cases run, " << n.refused << " refused\n";
+  }
 }
 
 TEST(ConformanceAvailability, CpuBackend) {
@@ -180,6 +202,18 @@ TEST(ConformanceAvailability, CudaBackend) {
 #endif
 }
 
+#ifdef TANDEM_TEST_CUDA_BUILT
+// What the CUDA backend runs on the GPU machine (an sm_90 device), counted from its kernel table,
+// so the count is checked where no GPU is present too.
+TEST(Catalog, CudaTableRunsAtLeastTheMinimumCaseCount) {
+  const std::vector<std::string> sm_90{"sm_90", "f16", "tensor_cores", "bf16", "cuda_graphs"};
+  const CaseCount n = count_cases(CudaBackend::cuda_capabilities(), sm_90, catalog());
+  std::cout << "cuda (sm_90, from its kernel table): " << n.run << " cases run, " << n.refused
+            << " refused\n";
+  EXPECT_GE(n.run, kMinCasesPerBackend);
+}
+#endif
+
 // The catalog itself: unique names, every case valid for the reference, every reference row
 // covered (so a backend that copies the reference table is fully exercised).
 TEST(Catalog, NamesAreUniqueAndReferenceDeclaresEveryCase) {
@@ -190,7 +224,7 @@ TEST(Catalog, NamesAreUniqueAndReferenceDeclaresEveryCase) {
     EXPECT_TRUE(reference.check(c.graph, c.node()).ok()) << c.name;
     EXPECT_TRUE(is_compute(c.node().op)) << c.name;
   }
-  EXPECT_GT(catalog().size(), 200u);
+  EXPECT_GE(catalog().size(), kMinCasesPerBackend);
 }
 
 TEST(Catalog, CoversEveryReferenceRowAndEveryComputeOp) {

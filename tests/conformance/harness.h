@@ -57,8 +57,9 @@ struct Case {
 };
 
 // The full catalog: every dtype combination the Graph accepts for every compute op, at
-// shapes of 1, odd sizes, sizes that are not multiples of 32 (where the dtype allows) and
-// large sizes (large = false leaves the large ones out).
+// shapes of 1, odd sizes, sizes that are not multiples of 32 (where the dtype allows), shapes
+// drawn around the kernels' block and tile edges (views among the inputs) and large sizes
+// (large = false leaves the large ones out).
 std::vector<Case> all_cases(bool large = true);
 // A case generator adds every case of one op (large = false leaves the large ones out). The
 // built-in ops' generators are in cases.cpp; an op registered outside the library adds its own.
@@ -71,6 +72,18 @@ std::vector<Case> cases_for(OpKind op, bool large = true);
 // as dispatch picks it (-1: no row does). Cases are enumerated per row from this, so a row
 // whose kernel is wrong fails its cases and a row that no case reaches is reported.
 int dispatch_row(const Backend& backend, const Case& c);
+
+// Every backend runs at least this many catalog cases (a test fails below it).
+inline constexpr size_t kMinCasesPerBackend = 1000;
+
+// Catalog cases a capability table covers on a device with `features` (run), and the rest
+// (refused).
+struct CaseCount {
+  size_t run = 0;
+  size_t refused = 0;
+};
+CaseCount count_cases(const std::vector<OpCapability>& rows,
+                      const std::vector<std::string>& features, const std::vector<Case>& cases);
 
 // The threshold for a node (by op and output dtype).
 double threshold_for(const Graph& graph, const Node& node);

@@ -51,6 +51,10 @@ HostRanges& host_ranges() {
 
 }  // namespace
 
+std::vector<OpCapability> CudaBackend::cuda_capabilities() {
+  return cuda::kernel_table().capabilities();
+}
+
 CudaBackend::CudaBackend(int device) : allocator_(state_) {
   state_.id = "cuda:" + std::to_string(device);
   state_.device = device;
@@ -68,7 +72,7 @@ CudaBackend::CudaBackend(int device) : allocator_(state_) {
   if (cc >= 70) features_.push_back("tensor_cores");
   if (cc >= 80) features_.push_back("bf16");
   features_.push_back("cuda_graphs");
-  capabilities_ = cuda::kernel_table().capabilities();
+  capabilities_ = cuda_capabilities();
   try {
     TANDEM_CUDA_CHECK(s, "init", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     TANDEM_CUBLAS_CHECK(s, "init", cublasCreate(&cublas_));

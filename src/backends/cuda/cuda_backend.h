@@ -34,6 +34,8 @@ class CudaBackend final : public Backend {
   bool host_accessible() const override { return false; }
   bool lost() const override { return state_.lost.load(); }
   const std::vector<OpCapability>& capabilities() const override { return capabilities_; }
+  // The same table without a device (the conformance catalog counts what a GPU would run).
+  static std::vector<OpCapability> cuda_capabilities();
 
   Buffer allocate(size_t bytes) override;
   void copy_from_host(void* device_dst, const void* host_src, size_t bytes) override;
