@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -226,10 +227,11 @@ std::vector<uint8_t> host_data(const TensorDesc& t, int64_t pos_end, int64_t id_
 // In a model's graph an op's inputs were mostly written or streamed long enough before that the
 // caches no longer hold them (each matmul streams megabytes of weights through them); timed
 // back to back on the same buffers, a small op would run from L1 and a weight that fits the
-// last-level cache from there. So on host memory every buffer is flushed to DRAM before each run.
-// (Flushing only weights and caches, since activations were just written, was tried on
-// 2026-11-26 on a 16-thread host: the one-token elementwise estimates fell to a fifth of their
-// time in a graph, where each op also pays the thread pool's wake-up; the median error rose.)
+// last-level cache from there. So on host memory every buffer is flushed to DRAM before each run,
+// and then the activations are written again by the pool as the op before would have
+// (prepare_like_a_graph). (Flushing only weights and caches, activations left as the previous
+// timed run of the same op left them, was tried on 2026-11-26 on a 16-thread host: the one-token
+// elementwise estimates fell to a fifth of their time in a graph; the median error rose.)
 
 // clflush is ordered against every other clflush: on some hosts (a 300 MiB L3 measured 2026-11-26)
 // flushing the quick calibration's buffers took 5.2 of its 5.7 s. clflushopt is not, and large
@@ -363,6 +365,7 @@ class Calibrator {
         const Clock::time_point flush = Clock::now();
         for (const auto& [id, buffer] : buffers) flush_from_caches(buffer.data(), buffer.bytes());
         spent_.flush += seconds_since(flush);
+        prepare_like_a_graph(g, node, buffers);
       }
       const Clock::time_point run = Clock::now();
       b_.timer_start();
@@ -374,6 +377,48 @@ class Calibrator {
     median_us = median(times);
     return true;
   }
+
+  // In a graph an op's activations were just written by the op before, with the pool's workers,
+  // which still poll for work when this op starts. After a flush (milliseconds) the workers
+  // sleep and every input is in DRAM: waking them alone cost a one-token matrix-vector product a
+  // quarter more than in a graph (1B, 16 threads), and reading cold activations made one-token
+  // elementwise ops 2-3x dearer. So each F32 activation input is rewritten in place (x + 0) by
+  // the pool just before the timed run; weights and KV caches stay flushed. An op without one
+  // still finds the workers awake (a tiny op on buffers of its own).
+  void prepare_like_a_graph(const Graph& g, const Node& node,
+                            const std::map<TensorId, Buffer>& buffers) {
+    bool wrote = false;
+    for (TensorId in : node.inputs) {
+      if (g.node(in).op != OpKind::Input || g.tensor(in).dtype != DType::F32) continue;
+      rewrite(buffers.at(in).data(), g.tensor(in).elements());
+      wrote = true;
+    }
+    if (!wrote) rewrite(nullptr, 16);
+  }
+  // x + 0 into x over n floats (x == nullptr: a buffer of the rewriter's own).
+  void rewrite(void* x, int64_t n) {
+    auto& r = rewriters_[n];
+    if (!r) {
+      r = std::make_unique<Rewriter>();
+      r->x = r->g.input("x", DType::F32, {n});
+      r->z = r->g.input("z", DType::F32, {n});
+      r->c = r->g.add(r->x, r->z);
+      r->zeros = b_.allocate(size_t(n) * sizeof(float));
+      r->own = b_.allocate(size_t(n) * sizeof(float));
+      std::memset(r->zeros.data(), 0, size_t(n) * sizeof(float));
+      std::memset(r->own.data(), 0, size_t(n) * sizeof(float));
+    }
+    void* target = x ? x : r->own.data();
+    NodeExecution exec = execution_of(
+        r->g, r->g.node(r->c), [&](TensorId id) { return id == r->z ? r->zeros.data() : target; });
+    b_.execute(r->g, exec);
+  }
+  struct Rewriter {
+    Graph g;
+    TensorId x = kNoTensor, z = kNoTensor, c = kNoTensor;
+    Buffer zeros, own;
+  };
+  std::map<int64_t, std::unique_ptr<Rewriter>> rewriters_;
 
   // A quick calibration skips a shape whose run would take longer than kQuickMaxRunUs, predicted
   // from the largest shape of the same op key measured so far at the same rate: the large
