@@ -423,6 +423,12 @@ std::string Server::Impl::metrics() const {
   m.sample("tandem_tokens_per_second",
            st.generate_s > 0 ? double(st.generated_tokens) / st.generate_s : 0,
            label("phase", "generation"));
+  m.family("tandem_decode_steps_total", "counter",
+           "Decode graphs run (each decodes one token of every busy slot)");
+  m.sample("tandem_decode_steps_total", double(st.decode_steps));
+  m.family("tandem_decode_rows_total", "counter",
+           "Tokens decoded by those graphs (rows / steps: the mean batch)");
+  m.sample("tandem_decode_rows_total", double(st.decode_rows));
   m.family("tandem_backend_ops_total", "counter", "Graph ops executed, by backend");
   for (const auto& [id, b] : st.backends)
     m.sample("tandem_backend_ops_total", double(b.ops), label("backend", id));

@@ -84,10 +84,11 @@ std::string StopMatcher::flush() {
 SlotEngine::SlotEngine(const SessionOptions& options, int n_slots) {
   TANDEM_CHECK_ARG(n_slots >= 1, "--parallel",
                    "must be >= 1 (got " + std::to_string(n_slots) + ")");
+  SessionOptions session_options = options;
+  session_options.n_sequences = n_slots;
+  session_ = std::make_unique<Session>(session_options);
   slots_.resize(size_t(n_slots));
-  SessionOptions quiet = options;
-  quiet.log = nullptr;  // the first slot's warnings stand for all
-  for (Slot& s : slots_) s.session = std::make_unique<Session>(&s == &slots_[0] ? options : quiet);
+  for (int i = 0; i < n_slots; ++i) slots_[size_t(i)].sequence = i;
   stats_.slots = n_slots;
   thread_ = std::thread([this] { loop(); });
 }
@@ -144,9 +145,7 @@ void SlotEngine::loop() {
       // Stopping drains: every queued and running job finishes first.
       if (stopping_ && queue_.empty() && !busy()) return;
     }
-    for (Slot& s : slots_) {
-      if (s.completion) step(s);
-    }
+    step();
   }
 }
 
@@ -154,41 +153,70 @@ void SlotEngine::start(Slot& slot, std::shared_ptr<Completion> completion, Job j
   slot.completion = std::move(completion);
   slot.job = std::move(job);
   slot.sampler = std::make_unique<Sampler>(slot.job.sampling);
-  slot.stream = std::make_unique<TokenStream>(slot.session->tokenizer());
+  slot.stream = std::make_unique<TokenStream>(session_->tokenizer());
   slot.stop = StopMatcher(slot.job.stop);
   slot.last = -1;
   slot.prefilled = false;
   slot.completion->prompt_tokens = int64_t(slot.job.prompt.size());
 }
 
-void SlotEngine::step(Slot& slot) {
-  if (slot.completion->cancelled()) {
-    finish(slot, "cancelled");
-    return;
+void SlotEngine::step() {
+  for (Slot& s : slots_) {
+    if (s.completion && s.completion->cancelled()) finish(s, "cancelled");
   }
-  Session& session = *slot.session;
+  // New prompts first, one graph each; then one decode step for every other busy slot.
+  std::vector<Slot*> decoding;
+  for (Slot& s : slots_) {
+    if (!s.completion) continue;
+    if (s.prefilled) {
+      decoding.push_back(&s);
+    } else {
+      prefill(s);
+    }
+  }
+  if (decoding.empty()) return;
+  std::vector<int> sequences;
+  std::vector<int32_t> tokens;
+  for (const Slot* s : decoding) {
+    sequences.push_back(s->sequence);
+    tokens.push_back(s->last);
+  }
   try {
     const auto t0 = std::chrono::steady_clock::now();
-    std::span<const float> logits;
-    if (!slot.prefilled) {
-      session.reset();
-      logits = session.prefill(slot.job.prompt);
-      for (int32_t t : slot.job.prompt) slot.sampler->accept(t);
-      slot.prefilled = true;
-    } else {
-      logits = session.decode(slot.last);
-    }
-    const double seconds = seconds_since(t0);
+    // One row needs no gathering: the plain decode graph of its sequence.
+    const std::span<const float> logits = decoding.size() == 1
+                                              ? session_->eval_sequence(sequences[0], tokens)
+                                              : session_->decode_batch(sequences, tokens);
+    const std::vector<float> rows(logits.begin(), logits.end());
     {
       std::lock_guard lock(mutex_);
-      if (session.n_past() == int64_t(slot.job.prompt.size())) {
-        stats_.prompt_tokens += slot.job.prompt.size();
-        stats_.prompt_s += seconds;
-      } else {
-        stats_.generate_s += seconds;
-      }
+      stats_.generate_s += seconds_since(t0);
+      ++stats_.decode_steps;
+      stats_.decode_rows += decoding.size();
     }
-    fold_telemetry(session);
+    fold_telemetry();
+    const size_t n_vocab = rows.size() / decoding.size();
+    for (size_t r = 0; r < decoding.size(); ++r) {
+      sample(*decoding[r], std::span<const float>(rows.data() + r * n_vocab, n_vocab));
+    }
+  } catch (const std::exception& e) {
+    for (Slot* s : decoding) finish(*s, "error", e.what());
+  }
+}
+
+void SlotEngine::prefill(Slot& slot) {
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    session_->reset(slot.sequence);
+    const std::span<const float> logits = session_->eval_sequence(slot.sequence, slot.job.prompt);
+    {
+      std::lock_guard lock(mutex_);
+      stats_.prompt_tokens += slot.job.prompt.size();
+      stats_.prompt_s += seconds_since(t0);
+    }
+    fold_telemetry();
+    for (int32_t t : slot.job.prompt) slot.sampler->accept(t);
+    slot.prefilled = true;
     sample(slot, logits);
   } catch (const std::exception& e) {
     finish(slot, "error", e.what());
@@ -203,7 +231,7 @@ void SlotEngine::sample(Slot& slot, std::span<const float> logits) {
   }
   const int32_t token = slot.sampler->sample(logits);
   slot.sampler->accept(token);
-  if (slot.session->tokenizer().is_end_of_generation(token)) {
+  if (session_->tokenizer().is_end_of_generation(token)) {
     finish(slot, "stop");
     return;
   }
@@ -216,7 +244,7 @@ void SlotEngine::sample(Slot& slot, std::span<const float> logits) {
   if (slot.stop.matched()) {
     finish(slot, "stop");
   } else if (c.completion_tokens >= slot.job.max_tokens ||
-             slot.session->n_past() >= slot.session->n_ctx()) {
+             session_->n_past(slot.sequence) >= session_->n_ctx()) {
     finish(slot, "length");
   } else {
     slot.last = token;
@@ -246,10 +274,10 @@ void SlotEngine::finish(Slot& slot, const std::string& reason, const std::string
   slot.stream.reset();
 }
 
-void SlotEngine::fold_telemetry(Session& session) {
+void SlotEngine::fold_telemetry() {
   // The events of this step become counters, so the telemetry of a long-running server stays
   // bounded.
-  Telemetry& telemetry = session.executor().telemetry();
+  Telemetry& telemetry = session_->executor().telemetry();
   const std::vector<ExecutionEvent> events = telemetry.get_telemetry();
   telemetry.clear_telemetry();
   std::lock_guard lock(mutex_);

@@ -1,7 +1,8 @@
-// The server's slots: each a Session with its own KV cache and a sampler per request. One engine
-// thread steps every busy slot in turn (a prompt, or one decode step); requests wait in a queue
-// while every slot is busy. Requests never block the engine: text is handed over through a
-// Completion that the HTTP thread waits on.
+// The server's slots: one sequence each of one Session (its own KV cache) and a sampler per
+// request. One engine thread runs the new prompts one by one, then the next token of every
+// other busy slot in one batched decode graph; requests wait in a queue while every slot is
+// busy. Requests never block the engine: text is handed over through a Completion that the HTTP
+// thread waits on.
 #pragma once
 
 #include <atomic>
@@ -88,6 +89,8 @@ struct EngineStats {
   uint64_t generated_tokens = 0;
   double prompt_s = 0.0;
   double generate_s = 0.0;
+  uint64_t decode_steps = 0;  // graphs run for decoding
+  uint64_t decode_rows = 0;   // tokens they decoded (rows / steps: the mean batch)
   uint64_t requests_finished = 0;
   uint64_t requests_cancelled = 0;
   uint64_t requests_failed = 0;
@@ -98,14 +101,14 @@ struct EngineStats {
 
 class SlotEngine {
  public:
-  // n_slots sessions over options.model_path, each with options.n_ctx positions; starts the
-  // engine thread. Throws as Session does.
+  // A session over options.model_path with n_slots sequences of options.n_ctx positions;
+  // starts the engine thread. Throws as Session does.
   SlotEngine(const SessionOptions& options, int n_slots);
   ~SlotEngine();
   SlotEngine(const SlotEngine&) = delete;
   SlotEngine& operator=(const SlotEngine&) = delete;
 
-  const Session& model() const { return *slots_.front().session; }
+  const Session& model() const { return *session_; }
   int64_t n_ctx() const { return model().n_ctx(); }
   int n_slots() const { return int(slots_.size()); }
 
@@ -117,7 +120,7 @@ class SlotEngine {
 
  private:
   struct Slot {
-    std::unique_ptr<Session> session;
+    int sequence = 0;  // of session_
     std::shared_ptr<Completion> completion;
     Job job;
     std::unique_ptr<Sampler> sampler;
@@ -129,12 +132,14 @@ class SlotEngine {
 
   void loop();
   void start(Slot& slot, std::shared_ptr<Completion> completion, Job job);
-  void step(Slot& slot);
+  void step();
+  void prefill(Slot& slot);
   // Samples from `logits`, hands the text over, and finishes the job when it is done.
   void sample(Slot& slot, std::span<const float> logits);
   void finish(Slot& slot, const std::string& reason, const std::string& error = {});
-  void fold_telemetry(Session& session);
+  void fold_telemetry();
 
+  std::unique_ptr<Session> session_;
   std::vector<Slot> slots_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
