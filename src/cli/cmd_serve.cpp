@@ -90,7 +90,7 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--strategy", o->strategy, "gpu, cpu, auto or only:BACKEND")
       ->capture_default_str();
   cmd->add_option("--threads-http", o->http_threads,
-                  "HTTP worker threads (0: max(16, 2 x --parallel))")
+                  "HTTP worker threads, one per open connection (0: max(32, 4 x --parallel))")
       ->capture_default_str();
   cmd->callback([&run, o]() {
     run = [o]() {

@@ -103,7 +103,7 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>()) {
                                              : s.options.model_alias;
   s.chat_template = chat_template_of(s.engine->model().file());
   const int threads =
-      s.options.http_threads > 0 ? s.options.http_threads : std::max(16, 2 * s.options.n_slots);
+      s.options.http_threads > 0 ? s.options.http_threads : std::max(32, 4 * s.options.n_slots);
   // httplib owns the queue it asks for.
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   s.http.set_payload_max_length(s.options.max_body_bytes);
@@ -278,6 +278,9 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     job = make_job(r);
   } catch (const RequestError& e) {
     send_error(res, e.status(), e.what(), e.param(), e.code());
+    return;
+  } catch (const Error& e) {  // the text could not be tokenized
+    send_error(res, 400, e.what(), chat ? "messages" : "prompt");
     return;
   }
   std::shared_ptr<Completion> c = engine->submit(std::move(job));

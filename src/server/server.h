@@ -20,7 +20,9 @@ struct ServerOptions {
   int port = 8080;  // 0: a free port, chosen at bind()
   int n_slots = kDefaultSlots;
   std::string model_alias;  // the id /v1/models shows; default: the file name without .gguf
-  int http_threads = 0;     // 0: enough for every slot and as many waiting (at least 16)
+  // HTTP worker threads; each open connection holds one (0: max(32, 4 x slots), so /health and
+  // /metrics still answer while every slot is busy and as many requests wait).
+  int http_threads = 0;
   size_t max_body_bytes = kDefaultMaxBodyBytes;
 };
 
