@@ -261,6 +261,11 @@ Job Server::Impl::make_job(const CompletionRequest& r) const {
                    : r.chat     ? room
                                 : std::min(room, kDefaultCompletionTokens);
   job.sampling = r.sampling;
+  try {
+    const Sampler checked(job.sampling);  // the engine thread must not meet a bad parameter
+  } catch (const Error& e) {
+    throw RequestError(400, e.what());
+  }
   job.stop = r.stop;
   return job;
 }

@@ -137,7 +137,13 @@ void SlotEngine::loop() {
         if (s.completion) continue;
         auto [completion, job] = std::move(queue_.front());
         queue_.pop_front();
-        start(s, std::move(completion), std::move(job));
+        try {
+          start(s, completion, std::move(job));
+        } catch (const std::exception& e) {  // e.g. a sampler parameter out of range
+          s.completion.reset();
+          ++stats_.requests_failed;
+          completion->finish("error", e.what());
+        }
       }
       stats_.queued = queue_.size();
       stats_.slots_busy = int(std::count_if(slots_.begin(), slots_.end(),
@@ -152,7 +158,7 @@ void SlotEngine::loop() {
 void SlotEngine::start(Slot& slot, std::shared_ptr<Completion> completion, Job job) {
   slot.completion = std::move(completion);
   slot.job = std::move(job);
-  slot.sampler = std::make_unique<Sampler>(slot.job.sampling);
+  slot.sampler = std::make_unique<Sampler>(slot.job.sampling);  // checked by the server
   slot.stream = std::make_unique<TokenStream>(session_->tokenizer());
   slot.stop = StopMatcher(slot.job.stop);
   slot.last = -1;
@@ -252,6 +258,7 @@ void SlotEngine::sample(Slot& slot, std::span<const float> logits) {
 }
 
 void SlotEngine::finish(Slot& slot, const std::string& reason, const std::string& error) {
+  if (!slot.completion) return;  // finished already (an error after its last token)
   Completion& c = *slot.completion;
   if (reason != "error" && !slot.stop.matched()) {
     c.push(slot.stop.push(slot.stream->flush()));
