@@ -1,6 +1,7 @@
 #include "server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -21,6 +22,8 @@ namespace tandem::server {
 namespace {
 
 using json = nlohmann::json;
+
+constexpr int kListenBacklog = 1024;  // connections the kernel holds until they are accepted
 
 // The JSON text of `j`; invalid UTF-8 in generated text is replaced, never an exception.
 std::string dump(const json& j) {
@@ -80,9 +83,9 @@ struct Server::Impl {
   ChatTemplate chat_template = ChatTemplate::Plain;
   httplib::Server http;
   std::atomic<uint64_t> next_id{1};
-  std::atomic<int> in_flight{0};
-  std::atomic<bool> running{false}, stop_requested{false},
-      http_stopped{false};  // generation requests submitted and not yet answered
+  std::atomic<int> in_flight{0};  // generation requests submitted and not yet answered
+  std::atomic<bool> running{false}, stop_requested{false}, http_stopped{false};
+  int listen_socket = -1;
   mutable std::mutex requests_mutex;
   std::map<std::pair<std::string, int>, uint64_t> requests;  // (route, status) -> count
 
@@ -107,6 +110,10 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>()) {
   // httplib owns the queue it asks for.
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   s.http.set_payload_max_length(s.options.max_body_bytes);
+  s.http.set_socket_options([&s](socket_t sock) {
+    httplib::default_socket_options(sock);
+    s.listen_socket = int(sock);
+  });
   s.routes();
 }
 
@@ -125,6 +132,9 @@ int Server::bind() {
     throw_error(ErrorCode::Io, "serve",
                 "cannot listen on " + s.options.host + ":" + std::to_string(s.options.port));
   }
+  // httplib listens with a backlog of 5: a burst of clients connecting at once would overflow
+  // it. Listening again sets a larger one.
+  if (s.listen_socket >= 0) ::listen(s.listen_socket, kListenBacklog);
   return port;
 }
 

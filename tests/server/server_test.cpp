@@ -263,6 +263,7 @@ TEST(Serve, SixteenConcurrentClientsEachGetTheirOwnAnswer) {
   constexpr int kClients = 16;
   std::vector<json> answers(kClients);
   std::vector<int> statuses(kClients, 0);
+  std::vector<std::string> errors(kClients);
   std::vector<std::thread> clients;
   for (int i = 0; i < kClients; ++i) {
     clients.emplace_back([&, i] {
@@ -273,7 +274,10 @@ TEST(Serve, SixteenConcurrentClientsEachGetTheirOwnAnswer) {
                    {"temperature", 0},
                    {"stream", stream}};
       auto res = c.Post("/v1/completions", body.dump(), "application/json");
-      if (!res) return;
+      if (!res) {
+        errors[size_t(i)] = httplib::to_string(res.error());
+        return;
+      }
       statuses[size_t(i)] = res->status;
       answers[size_t(i)] = json::parse(res->body, nullptr, false);
     });
@@ -281,7 +285,7 @@ TEST(Serve, SixteenConcurrentClientsEachGetTheirOwnAnswer) {
   for (auto& t : clients) t.join();
   for (int i = 0; i < kClients; ++i) {
     SCOPED_TRACE("client " + std::to_string(i));
-    EXPECT_EQ(statuses[size_t(i)], 200);
+    EXPECT_EQ(statuses[size_t(i)], 200) << errors[size_t(i)];
     EXPECT_EQ(completion_text(answers[size_t(i)], false, 6), expected[size_t(i) % prompts.size()]);
   }
   // Every answer counted once.
