@@ -2,11 +2,15 @@
 // are cut even across tokens, and request bodies are checked field by field.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "chat_template.h"
 #include "request.h"
 #include "slots.h"
+#include "tandem/model/synthetic.h"
 
 namespace tandem::server {
 namespace {
@@ -26,6 +30,23 @@ TEST(ChatTemplate, RecognizesFamiliesByTheirMarkers) {
   EXPECT_EQ(detect_chat_template("<|user|>\n{{ c }}<|endoftext|>"), ChatTemplate::Zephyr);
   EXPECT_EQ(detect_chat_template(""), ChatTemplate::Plain);
   EXPECT_EQ(detect_chat_template("{{ messages }}"), ChatTemplate::Plain);
+}
+
+TEST(ChatTemplate, ReadFromTheGgufsTokenizerChatTemplate) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("tandem_chat_template_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  SyntheticSpec spec = synthetic_preset("tiny");
+  spec.threads = 1;
+  gguf::Writer with = make_synthetic_writer(spec);
+  with.set_string("tokenizer.chat_template",
+                  "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n'}}{% endfor %}");
+  with.write((dir / "chatml.gguf").string());
+  make_synthetic_writer(spec).write((dir / "none.gguf").string());
+  EXPECT_EQ(chat_template_of(gguf::File::open((dir / "chatml.gguf").string())),
+            ChatTemplate::ChatML);
+  EXPECT_EQ(chat_template_of(gguf::File::open((dir / "none.gguf").string())), ChatTemplate::Plain);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ChatTemplate, RendersChatMLAndLlama3AsTheirModelsExpect) {
