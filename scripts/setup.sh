@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-          libopenblas-dev pkg-config pybind11-dev python3-dev python3-numpy python3-pytest)
+          libopenblas-dev pkg-config pybind11-dev python3-dev python3-numpy python3-pytest
+          libcpp-httplib-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "tandem/calibration.h"
@@ -40,6 +41,9 @@ struct SessionOptions {
   bool single_gpu = false;  // --split-mode none: only the first GPU takes part
   int threads = 0;          // CPU backend threads (0: physical cores)
   int64_t n_ctx = 0;        // KV cache length (0: min(trained, 4096))
+  // Independent sequences, each with a KV cache of n_ctx positions (a server's slots); their
+  // decode steps can run as one graph (Session::decode_batch).
+  int n_sequences = 1;
   DType kv_dtype = DType::F16;
   bool strict = false;
   std::vector<TensorPin> pins;  // --override-tensor style pins
@@ -109,7 +113,7 @@ class Session {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const gguf::File& file() const { return file_; }
   int64_t n_ctx() const { return n_ctx_; }
-  int64_t n_past() const { return n_past_; }
+  int64_t n_past() const { return past_[0]; }
   const std::string& strategy_name() const { return strategy_name_; }
 
   // Text to token ids (add_bos: as the vocab asks) and back.
@@ -129,7 +133,20 @@ class Session {
   GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& options,
                           const TokenCallback& on_token = {});
   // Forgets the context (positions restart at 0; the cache is overwritten as it refills).
-  void reset() { n_past_ = 0; }
+  void reset() { past_[0] = 0; }
+
+  // Several sequences (SessionOptions::n_sequences), each with its own KV cache and positions;
+  // the members above act on sequence 0.
+  int n_sequences() const { return int(past_.size()); }
+  int64_t n_past(int sequence) const;
+  void reset(int sequence);
+  // eval() of one sequence at its own positions; the logits of its last token.
+  std::span<const float> eval_sequence(int sequence, std::span<const int32_t> tokens);
+  // One token for each of `sequences` (distinct) in one graph: the matrix products and the FFN
+  // run on all rows at once, each row's attention over its own sequence's cache. Row r is
+  // tokens[r] of sequences[r]; returns n_vocab logits per row, row after row.
+  std::span<const float> decode_batch(std::span<const int> sequences,
+                                      std::span<const int32_t> tokens);
 
   // The placements of a prompt of n_prompt tokens and then a one-token decode step, each
   // planned over what the one before leaves resident, as eval() will make them.
@@ -158,7 +175,10 @@ class Session {
   void save_learned();
 
  private:
-  const LlamaGraph& graph_for(int64_t n_tokens, bool all_logits);
+  const LlamaGraph& graph_for(int64_t n_tokens, bool all_logits, int sequence = 0);
+  void check_step(int sequence, std::span<const int32_t> tokens) const;
+  // Plans and runs one step of `lg` over tokens (positions_ set by the caller).
+  std::span<const float> run_step(const LlamaGraph& lg, std::span<const int32_t> tokens);
   void plan_residency(int64_t n_prompt);
   void learn_from(const Graph& graph);
 
@@ -167,14 +187,16 @@ class Session {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<HybridScheduler> scheduler_;
   std::unique_ptr<HybridExecutor> executor_;
-  std::map<std::pair<int64_t, bool>, LlamaGraph> graphs_;
+  std::map<std::tuple<int64_t, bool, int>, LlamaGraph> graphs_;  // (tokens, all logits, sequence)
+  std::map<std::vector<int>, LlamaGraph> batch_graphs_;          // by the rows' sequences
   std::shared_ptr<const Placement> last_placement_;
   const Graph* last_graph_ = nullptr;
   std::shared_ptr<const Placement> uploaded_for_;  // held, so its address cannot be reused
   std::vector<int32_t> positions_;
+  std::vector<int32_t> rows_;  // 0, 1, ... for a batched decode
   std::vector<float> logits_;
   int64_t n_ctx_ = 0;
-  int64_t n_past_ = 0;
+  std::vector<int64_t> past_ = {0};  // positions used, per sequence
   DType kv_dtype_ = DType::F16;
   std::string strategy_name_;
   bool residency_planned_ = false;  // auto: plan_residency ran (kept off the per-token path)

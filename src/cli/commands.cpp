@@ -18,6 +18,9 @@ void add_commands(CLI::App& app, std::function<int()>& run) {
   add_tokenize(app, run);
   add_detokenize(app, run);
   add_logits(app, run);
+#ifdef TANDEM_HAVE_SERVER
+  add_serve(app, run);
+#endif
 }
 
 }  // namespace tandem::cli

@@ -25,5 +25,8 @@ void add_bench(CLI::App& app, std::function<int()>& run);
 void add_plan(CLI::App& app, std::function<int()>& run);
 void add_tune(CLI::App& app, std::function<int()>& run);
 void add_calibrate(CLI::App& app, std::function<int()>& run);
+#ifdef TANDEM_HAVE_SERVER
+void add_serve(CLI::App& app, std::function<int()>& run);
+#endif
 
 }  // namespace tandem::cli

@@ -14,11 +14,9 @@ struct Spelling {
   std::string_view llama, tandem;
 };
 // One-dash spellings of flags Tandem has; the parser knows only the two-dash ones.
-constexpr Spelling kSpellings[] = {{"-ngl", "--ngl"},
-                                   {"-fa", "--flash-attn"},
-                                   {"-ot", "--override-tensor"},
-                                   {"-ts", "--tensor-split"},
-                                   {"-sm", "--split-mode"}};
+constexpr Spelling kSpellings[] = {
+    {"-ngl", "--ngl"},         {"-fa", "--flash-attn"}, {"-ot", "--override-tensor"},
+    {"-ts", "--tensor-split"}, {"-sm", "--split-mode"}, {"-np", "--parallel"}};
 
 struct Refusal {
   std::vector<std::string_view> spellings;
@@ -145,7 +143,7 @@ std::string translate_llama_flags(std::vector<std::string>& args) {
     } else if (one_dash_word(arg)) {
       return arg +
              ": unknown flag (Tandem's one-dash flags of several letters are -ngl, -fa, "
-             "-ot, -ts and -sm; see 'tandem " +
+             "-ot, -ts, -sm and -np; see 'tandem " +
              sub + " --help')";
     }
     if (free_text_follows) ++i;

@@ -1,4 +1,4 @@
-// `tandem`: run, bench, synth, inspect, devices, tokenize, detokenize and logits.
+// `tandem`: run, bench, synth, inspect, devices, tokenize, detokenize, logits and serve.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>

@@ -22,8 +22,9 @@ std::string blk(int layer, const char* what) {  // "blk.N.what.weight"
 
 }  // namespace
 
-std::string kv_cache_name(bool key, int layer) {
-  return std::string(key ? "cache_k." : "cache_v.") + std::to_string(layer);
+std::string kv_cache_name(bool key, int layer, int sequence) {
+  return std::string(key ? "cache_k." : "cache_v.") + std::to_string(layer) +
+         (sequence == 0 ? "" : ".s" + std::to_string(sequence));
 }
 
 LlamaGraph build_llama_graph(const LlamaConfig& c, const gguf::File& file,
@@ -38,6 +39,7 @@ LlamaGraph build_llama_graph(const LlamaConfig& c, const gguf::File& file,
                        std::to_string(out.n_ctx));
   TANDEM_CHECK_ARG(options.kv_dtype == DType::F16 || options.kv_dtype == DType::F32, where,
                    "the KV cache must be f16 or f32");
+  TANDEM_CHECK_ARG(options.sequence >= 0, where, "sequence must be >= 0");
 
   const int64_t T = options.n_tokens;
   const int64_t D = c.head_dim;
@@ -56,10 +58,10 @@ LlamaGraph build_llama_graph(const LlamaConfig& c, const gguf::File& file,
     TensorId wk = add_weight(g, file, blk(l, "attn_k"));
     TensorId wv = add_weight(g, file, blk(l, "attn_v"));
     TensorId wo = add_weight(g, file, blk(l, "attn_output"));
-    TensorId cache_k =
-        g.kv_cache(kv_cache_name(true, l), options.kv_dtype, {D, c.n_head_kv, out.n_ctx});
-    TensorId cache_v =
-        g.kv_cache(kv_cache_name(false, l), options.kv_dtype, {D, c.n_head_kv, out.n_ctx});
+    TensorId cache_k = g.kv_cache(kv_cache_name(true, l, options.sequence), options.kv_dtype,
+                                  {D, c.n_head_kv, out.n_ctx});
+    TensorId cache_v = g.kv_cache(kv_cache_name(false, l, options.sequence), options.kv_dtype,
+                                  {D, c.n_head_kv, out.n_ctx});
 
     TensorId h = g.rms_norm(x, attn_norm, c.rms_eps);
     TensorId q = g.reshape(g.matmul(wq, h), {D, c.n_head, T});
@@ -87,6 +89,88 @@ LlamaGraph build_llama_graph(const LlamaConfig& c, const gguf::File& file,
     // Only the last token's logits are needed: skip the vocabulary product for the rest.
     x = g.view(x, {n_embd, 1}, {4, n_embd * 4}, (T - 1) * n_embd * 4);
   }
+  x = g.rms_norm(x, out_norm, c.rms_eps);
+  TensorId w_out = file.find_tensor("output.weight") ? add_weight(g, file, "output.weight") : embd;
+  out.logits = g.matmul(w_out, x);
+  g.set_name(out.logits, "logits");
+  g.mark_output(out.logits);
+  return out;
+}
+
+LlamaGraph build_llama_decode_batch(const LlamaConfig& c, const gguf::File& file, int64_t n_ctx,
+                                    DType kv_dtype, const std::vector<int>& sequences) {
+  const std::string where = "llama decode batch";
+  const int64_t S = int64_t(sequences.size());
+  TANDEM_CHECK_ARG(S >= 1, where, "no sequence to decode");
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    TANDEM_CHECK_ARG(sequences[i] >= 0, where, "sequence ids must be >= 0");
+    for (size_t j = 0; j < i; ++j) {
+      TANDEM_CHECK_ARG(sequences[i] != sequences[j], where,
+                       "sequence " + std::to_string(sequences[i]) + " appears twice");
+    }
+  }
+  TANDEM_CHECK_ARG(kv_dtype == DType::F16 || kv_dtype == DType::F32, where,
+                   "the KV cache must be f16 or f32");
+  LlamaGraph out;
+  out.n_ctx = n_ctx > 0 ? n_ctx : std::min<int64_t>(c.context_length, 4096);
+  const int64_t D = c.head_dim;
+  const int64_t n_embd = c.n_embd;
+  const float scale = 1.0f / std::sqrt(float(D));
+  Graph& g = out.graph;
+
+  out.tokens = g.input("tokens", DType::I32, {S});
+  out.positions = g.input("positions", DType::I32, {S});
+  out.rows = g.input("rows", DType::I32, {S});
+  // Row r's slice of a [D, heads, S] tensor, and of an [S] one.
+  auto row_of = [&](TensorId t, int64_t heads, int64_t r) {
+    return g.view(t, {D, heads, 1}, {4, D * 4, D * heads * 4}, r * D * heads * 4);
+  };
+  auto one = [&](TensorId t, int64_t r) { return g.view(t, {1}, {4}, r * 4); };
+  TensorId embd = add_weight(g, file, "token_embd.weight");
+  TensorId x = g.get_rows(embd, out.tokens);
+
+  for (int l = 0; l < int(c.n_layer); ++l) {
+    TensorId attn_norm = add_weight(g, file, blk(l, "attn_norm"));
+    TensorId wq = add_weight(g, file, blk(l, "attn_q"));
+    TensorId wk = add_weight(g, file, blk(l, "attn_k"));
+    TensorId wv = add_weight(g, file, blk(l, "attn_v"));
+    TensorId wo = add_weight(g, file, blk(l, "attn_output"));
+
+    TensorId h = g.rms_norm(x, attn_norm, c.rms_eps);
+    TensorId q = g.reshape(g.matmul(wq, h), {D, c.n_head, S});
+    TensorId k = g.reshape(g.matmul(wk, h), {D, c.n_head_kv, S});
+    TensorId v = g.reshape(g.matmul(wv, h), {D, c.n_head_kv, S});
+    q = g.rope(q, out.positions, int32_t(c.n_rot), c.rope_freq_base);
+    k = g.rope(k, out.positions, int32_t(c.n_rot), c.rope_freq_base);
+    // Each row attends over its own sequence's cache; the outputs are gathered into the rows
+    // of a scratch tensor (a cache write at row r), so wo and the FFN run on all rows at once.
+    TensorId gathered = g.kv_cache("batch_attn." + std::to_string(S) + "." + std::to_string(l),
+                                   DType::F32, {D, c.n_head, S});
+    for (int64_t r = 0; r < S; ++r) {
+      const int seq = sequences[size_t(r)];
+      TensorId pos = one(out.positions, r);
+      TensorId cache_k =
+          g.kv_cache(kv_cache_name(true, l, seq), kv_dtype, {D, c.n_head_kv, out.n_ctx});
+      TensorId cache_v =
+          g.kv_cache(kv_cache_name(false, l, seq), kv_dtype, {D, c.n_head_kv, out.n_ctx});
+      TensorId kc = g.kv_write(cache_k, row_of(k, c.n_head_kv, r), pos);
+      TensorId vc = g.kv_write(cache_v, row_of(v, c.n_head_kv, r), pos);
+      TensorId a = g.attention(row_of(q, c.n_head, r), kc, vc, pos, scale);
+      gathered = g.kv_write(gathered, a, one(out.rows, r));
+    }
+    TensorId a = g.reshape(gathered, {n_embd, S});
+    x = g.add(x, g.matmul(wo, a));
+
+    TensorId ffn_norm = add_weight(g, file, blk(l, "ffn_norm"));
+    TensorId w_gate = add_weight(g, file, blk(l, "ffn_gate"));
+    TensorId w_up = add_weight(g, file, blk(l, "ffn_up"));
+    TensorId w_down = add_weight(g, file, blk(l, "ffn_down"));
+    h = g.rms_norm(x, ffn_norm, c.rms_eps);
+    TensorId s = g.swiglu(g.matmul(w_gate, h), g.matmul(w_up, h));
+    x = g.add(x, g.matmul(w_down, s));
+  }
+
+  TensorId out_norm = add_weight(g, file, "output_norm.weight");
   x = g.rms_norm(x, out_norm, c.rms_eps);
   TensorId w_out = file.find_tensor("output.weight") ? add_weight(g, file, "output.weight") : embd;
   out.logits = g.matmul(w_out, x);

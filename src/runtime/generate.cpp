@@ -57,7 +57,7 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
       result.stopped = true;
       break;
     }
-    if (int64_t(result.tokens.size()) == options.n_predict || n_past_ >= n_ctx_) break;
+    if (int64_t(result.tokens.size()) == options.n_predict || past_[0] >= n_ctx_) break;
     last = decode(next);
   }
   result.generate_s = seconds_since(t1);

@@ -66,7 +66,10 @@ Session::Session(const SessionOptions& options)
   for (const auto& t : file_.tensors()) capacity.weights_bytes += double(t.bytes);
   capacity.n_ctx = n_ctx_;
   capacity.kv_dtype = kv_dtype_;
-  capacity.kv_bytes = kv_cache_bytes(config_, n_ctx_, kv_dtype_);
+  TANDEM_CHECK_ARG(options.n_sequences >= 1, "session",
+                   "n_sequences must be >= 1 (got " + std::to_string(options.n_sequences) + ")");
+  past_.assign(size_t(options.n_sequences), 0);
+  capacity.kv_bytes = kv_cache_bytes(config_, n_ctx_, kv_dtype_) * double(options.n_sequences);
   add_gpu_budgets(capacity, backends, gpus, strategy);
   capacity.host_bytes = double(host_available_bytes());
   check_capacity(capacity);
@@ -111,8 +114,8 @@ Session::Session(const SessionOptions& options)
   load_progress_ = options.load_progress;
 }
 
-const LlamaGraph& Session::graph_for(int64_t n_tokens, bool all_logits) {
-  auto key = std::make_pair(n_tokens, all_logits);
+const LlamaGraph& Session::graph_for(int64_t n_tokens, bool all_logits, int sequence) {
+  auto key = std::make_tuple(n_tokens, all_logits, sequence);
   auto it = graphs_.find(key);
   if (it != graphs_.end()) return it->second;
   LlamaGraphOptions options;
@@ -120,16 +123,30 @@ const LlamaGraph& Session::graph_for(int64_t n_tokens, bool all_logits) {
   options.n_ctx = n_ctx_;
   options.kv_dtype = kv_dtype_;
   options.all_logits = all_logits;
+  options.sequence = sequence;
   return graphs_.emplace(key, build_llama_graph(config_, file_, options)).first->second;
 }
 
-std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_logits) {
+int64_t Session::n_past(int sequence) const {
+  TANDEM_CHECK_ARG(sequence >= 0 && sequence < n_sequences(), "session",
+                   "sequence " + std::to_string(sequence) + " outside [0, " +
+                       std::to_string(n_sequences()) + ")");
+  return past_[size_t(sequence)];
+}
+
+void Session::reset(int sequence) {
+  n_past(sequence);  // checks the id
+  past_[size_t(sequence)] = 0;
+}
+
+void Session::check_step(int sequence, std::span<const int32_t> tokens) const {
   const int64_t n = int64_t(tokens.size());
   TANDEM_CHECK_ARG(n >= 1, "session", "no tokens to evaluate");
-  if (n_past_ + n > n_ctx_) {
+  const int64_t past = n_past(sequence);
+  if (past + n > n_ctx_) {
     throw_error(ErrorCode::InvalidArgument, "session",
-                "context full (" + std::to_string(n_past_) + " + " + std::to_string(n) +
-                    " tokens > " + std::to_string(n_ctx_) + "; raise --ctx-size)");
+                "context full (" + std::to_string(past) + " + " + std::to_string(n) + " tokens > " +
+                    std::to_string(n_ctx_) + "; raise --ctx-size)");
   }
   for (int32_t t : tokens) {
     if (t < 0 || t >= config_.n_vocab) {
@@ -138,9 +155,54 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_l
                       std::to_string(config_.n_vocab) + ")");
     }
   }
+}
+
+std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_logits) {
+  check_step(0, tokens);
+  const int64_t n = int64_t(tokens.size());
   const LlamaGraph& lg = graph_for(n, all_logits);
   positions_.resize(size_t(n));
-  std::iota(positions_.begin(), positions_.end(), int32_t(n_past_));
+  std::iota(positions_.begin(), positions_.end(), int32_t(past_[0]));
+  run_step(lg, tokens);
+  past_[0] += n;
+  return logits_;
+}
+
+std::span<const float> Session::eval_sequence(int sequence, std::span<const int32_t> tokens) {
+  check_step(sequence, tokens);
+  const int64_t n = int64_t(tokens.size());
+  const LlamaGraph& lg = graph_for(n, false, sequence);
+  positions_.resize(size_t(n));
+  std::iota(positions_.begin(), positions_.end(), int32_t(past_[size_t(sequence)]));
+  run_step(lg, tokens);
+  past_[size_t(sequence)] += n;
+  return logits_;
+}
+
+std::span<const float> Session::decode_batch(std::span<const int> sequences,
+                                             std::span<const int32_t> tokens) {
+  TANDEM_CHECK_ARG(!sequences.empty() && sequences.size() == tokens.size(), "session",
+                   "decode_batch needs one token per sequence (" +
+                       std::to_string(sequences.size()) + " sequences, " +
+                       std::to_string(tokens.size()) + " tokens)");
+  for (size_t r = 0; r < sequences.size(); ++r) check_step(sequences[r], tokens.subspan(r, 1));
+  std::vector<int> key(sequences.begin(), sequences.end());
+  auto it = batch_graphs_.find(key);
+  if (it == batch_graphs_.end()) {
+    it =
+        batch_graphs_.emplace(key, build_llama_decode_batch(config_, file_, n_ctx_, kv_dtype_, key))
+            .first;
+  }
+  positions_.resize(sequences.size());
+  for (size_t r = 0; r < sequences.size(); ++r)
+    positions_[r] = int32_t(past_[size_t(sequences[r])]);
+  run_step(it->second, tokens);
+  for (int s : sequences) past_[size_t(s)] += 1;
+  return logits_;
+}
+
+std::span<const float> Session::run_step(const LlamaGraph& lg, std::span<const int32_t> tokens) {
+  const int64_t n = int64_t(tokens.size());
   const TensorDesc& out = lg.graph.tensor(lg.logits);
   logits_.resize(size_t(out.elements()));
 
@@ -157,6 +219,11 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_l
   bindings.input(lg.tokens, tokens.data(), tokens.size_bytes())
       .input(lg.positions, positions_.data(), positions_.size() * sizeof(int32_t))
       .output(lg.logits, logits_.data(), logits_.size() * sizeof(float));
+  if (lg.rows != kNoTensor) {
+    rows_.resize(size_t(n));
+    std::iota(rows_.begin(), rows_.end(), 0);
+    bindings.input(lg.rows, rows_.data(), rows_.size() * sizeof(int32_t));
+  }
   // One step in learn_every_ is timed per op (it synchronizes after every op) to learn from.
   const bool sampled = learn_ && learn_every_ > 0 && ++steps_ % learn_every_ == 0;
   const TimingMode timing = executor_->options().timing;
@@ -164,7 +231,6 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_l
   executor_->run(lg.graph, *last_placement_, bindings);
   if (sampled) executor_->set_timing(timing);
   if (learn_ && (sampled || learn_every_ == 0)) learn_from(lg.graph);
-  n_past_ += n;
   tokens_evaluated_ += n;
   return logits_;
 }

@@ -24,8 +24,13 @@ using cli_test::tiny_model;
 namespace fs = std::filesystem;
 
 TEST(Cli, EverySubcommandHasHelp) {
-  for (std::string sub : {"run", "bench", "plan", "tune", "calibrate", "synth", "inspect",
-                          "devices", "tokenize", "detokenize", "logits"}) {
+  std::vector<std::string> subs = {"run",       "bench",      "plan",    "tune",
+                                   "calibrate", "synth",      "inspect", "devices",
+                                   "tokenize",  "detokenize", "logits"};
+#ifdef TANDEM_HAVE_SERVER
+  subs.push_back("serve");
+#endif
+  for (const std::string& sub : subs) {
     Result r = tandem(sub + " --help");
     EXPECT_EQ(r.code, 0) << sub << ": " << r.err;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
@@ -253,5 +258,32 @@ TEST(Cli, TuneSavesTheBestPlacementAndRunReadsIt) {
   fs::remove(saved);
   fs::remove(junk);
 }
+
+#ifdef TANDEM_HAVE_SERVER
+// `tandem serve` listens, and SIGTERM stops it gracefully with exit code 0. (The HTTP API is
+// tested in tests/server.)
+TEST(Cli, ServeStopsOnSigterm) {
+  const fs::path dir = fs::temp_directory_path() / ("tandem_cli_serve_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string err = (dir / "err").string(), rc = (dir / "rc").string();
+  const std::string script = std::string(TANDEM_BIN) + " serve -m " + tiny_model() +
+                             " --port 0 -np 2 -c 128 --strategy cpu --no-calibrate 2>" + err +
+                             " & pid=$!; for i in $(seq 1 200); do grep -q listening " + err +
+                             " && break; sleep 0.05; done; kill -TERM $pid; wait $pid; echo $? >" +
+                             rc;
+  ASSERT_EQ(std::system(("sh -c '" + script + "'").c_str()), 0);
+  auto slurp = [](const std::string& p) {
+    std::ifstream f(p);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const std::string log = slurp(err);
+  EXPECT_EQ(slurp(rc), "0\n") << log;
+  EXPECT_NE(log.find("2 slots of 64 positions; listening on http://127.0.0.1:"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("stopping"), std::string::npos) << log;
+  EXPECT_NE(log.find("tandem serve: stopped"), std::string::npos) << log;
+  fs::remove_all(dir);
+}
+#endif
 
 }  // namespace

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -132,6 +134,76 @@ TEST(Session, LoadErrorsAreTyped) {
   }
   o = tiny_options("nonsense");
   EXPECT_THROW(Session s(o), Error);
+}
+
+// sum((a-b)^2) / sum(a^2); NaN when either holds a NaN.
+double nmse(std::span<const float> a, std::span<const float> b) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+    den += double(a[i]) * double(a[i]);
+  }
+  return num / den;
+}
+
+TEST(Session, BatchedDecodeMatchesEachSequenceDecodedAlone) {
+  SessionOptions o = tiny_options();
+  o.n_sequences = 3;
+  Session batched(o);
+  ASSERT_EQ(batched.n_sequences(), 3);
+  // Prompts of different lengths, so every row of a batched step sits at another position.
+  const std::vector<std::vector<int32_t>> prompts = {
+      batched.tokenize("hello world"), batched.tokenize("a much longer prompt than the others"),
+      batched.tokenize("x")};
+  const int64_t n_vocab = batched.config().n_vocab;
+  std::vector<std::unique_ptr<Session>> alone;
+  std::vector<int32_t> next;
+  for (int s = 0; s < 3; ++s) {
+    alone.push_back(std::make_unique<Session>(tiny_options()));
+    const auto a = alone.back()->prefill(prompts[size_t(s)]);
+    const std::vector<float> expected(a.begin(), a.end());
+    const auto b = batched.eval_sequence(s, prompts[size_t(s)]);
+    EXPECT_LT(nmse(expected, b), 1e-10) << "prefill of sequence " << s;
+    next.push_back(argmax(expected));
+  }
+  // All three rows in one graph, against each sequence decoded alone.
+  const std::vector<int> all = {0, 1, 2};
+  const auto first = batched.decode_batch(all, next);
+  ASSERT_EQ(int64_t(first.size()), 3 * n_vocab);
+  const std::vector<float> rows(first.begin(), first.end());
+  for (int s = 0; s < 3; ++s) {
+    const auto expected = alone[size_t(s)]->decode(next[size_t(s)]);
+    const std::span<const float> row(rows.data() + s * n_vocab, size_t(n_vocab));
+    EXPECT_LT(nmse(expected, row), 1e-10) << "row " << s;
+    next[size_t(s)] = argmax(expected);
+    EXPECT_EQ(batched.n_past(s), int64_t(prompts[size_t(s)].size()) + 1);
+  }
+  // A subset in another order: rows follow the sequences asked for, each over its own cache.
+  const std::vector<int> subset = {2, 0};
+  const std::vector<int32_t> subset_tokens = {next[2], next[0]};
+  const auto second = batched.decode_batch(subset, subset_tokens);
+  ASSERT_EQ(int64_t(second.size()), 2 * n_vocab);
+  const std::vector<float> rows2(second.begin(), second.end());
+  for (size_t r = 0; r < subset.size(); ++r) {
+    const int s = subset[r];
+    const auto expected = alone[size_t(s)]->decode(next[size_t(s)]);
+    const std::span<const float> row(rows2.data() + int64_t(r) * n_vocab, size_t(n_vocab));
+    EXPECT_LT(nmse(expected, row), 1e-10) << "row " << r << " (sequence " << s << ")";
+  }
+  EXPECT_EQ(batched.n_past(1), int64_t(prompts[1].size()) + 1);  // not in the subset
+}
+
+TEST(Session, BatchedDecodeRefusesBadSequences) {
+  SessionOptions o = tiny_options();
+  o.n_sequences = 2;
+  Session s(o);
+  s.eval_sequence(0, s.tokenize("a"));
+  s.eval_sequence(1, s.tokenize("b"));
+  const std::vector<int32_t> two = {5, 6};
+  EXPECT_THROW(s.decode_batch(std::vector<int>{0, 0}, two), Error);  // the same sequence twice
+  EXPECT_THROW(s.decode_batch(std::vector<int>{0, 2}, two), Error);  // no sequence 2
+  EXPECT_THROW(s.decode_batch(std::vector<int>{0}, two), Error);     // a token too many
+  EXPECT_THROW(s.eval_sequence(-1, two), Error);
 }
 
 TEST(HostLayerPins, PinToTheFirstHostBackendByKind) {

@@ -18,6 +18,7 @@ struct LlamaGraphOptions {
   int64_t n_ctx = 0;            // KV cache length; 0: min(context_length, 4096)
   DType kv_dtype = DType::F16;  // F16 or F32
   bool all_logits = false;      // logits of every token, else of the last only
+  int sequence = 0;             // whose KV cache the step reads and writes (kv_cache_name)
 };
 
 struct LlamaGraph {
@@ -25,16 +26,27 @@ struct LlamaGraph {
   TensorId tokens = kNoTensor;     // i32 [n_tokens], bound per run
   TensorId positions = kNoTensor;  // i32 [n_tokens], bound per run
   TensorId logits = kNoTensor;     // f32 [n_vocab, n_tokens or 1]
+  // Batched decode only: i32 [n_tokens], bound to 0, 1, ..., n_tokens - 1 per run (the row each
+  // sequence's attention output goes to).
+  TensorId rows = kNoTensor;
   int64_t n_ctx = 0;
 };
 
-// Name of the KV-cache leaf of layer `layer` ("cache_k.3", "cache_v.3"): persistent state that
-// prefill and decode graphs share by name.
-std::string kv_cache_name(bool key, int layer);
+// Name of the KV-cache leaf of layer `layer` of sequence `sequence` ("cache_k.3", "cache_v.3";
+// "cache_k.3.s2" for sequence 2): persistent state that prefill and decode graphs share by name.
+std::string kv_cache_name(bool key, int layer, int sequence = 0);
 
 // Throws InvalidArgument for impossible options and Format when a weight is missing or has the
 // wrong shape.
 LlamaGraph build_llama_graph(const LlamaConfig& config, const gguf::File& weights,
                              const LlamaGraphOptions& options);
+
+// One decode step of several sequences, one token each (row r belongs to sequences[r], at
+// positions[r]): the matrix products, norms and FFN run on all rows at once; each row's
+// attention reads and writes its own sequence's KV cache. Logits of every row. Throws as
+// build_llama_graph, and InvalidArgument for no sequence or a repeated one.
+LlamaGraph build_llama_decode_batch(const LlamaConfig& config, const gguf::File& weights,
+                                    int64_t n_ctx, DType kv_dtype,
+                                    const std::vector<int>& sequences);
 
 }  // namespace tandem

@@ -1,0 +1,149 @@
+// The server's pieces without a socket: chat templates are recognized and rendered, stop strings
+// are cut even across tokens, and request bodies are checked field by field.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "chat_template.h"
+#include "request.h"
+#include "slots.h"
+#include "tandem/model/synthetic.h"
+
+namespace tandem::server {
+namespace {
+
+const std::vector<ChatMessage> kChat = {
+    {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Why?"}};
+
+TEST(ChatTemplate, RecognizesFamiliesByTheirMarkers) {
+  EXPECT_EQ(detect_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}"),
+            ChatTemplate::ChatML);
+  EXPECT_EQ(detect_chat_template("<|start_header_id|>' + role + '<|end_header_id|>"),
+            ChatTemplate::Llama3);
+  EXPECT_EQ(detect_chat_template("{{ bos_token + '[INST] ' + content + ' [/INST]' }}"),
+            ChatTemplate::Llama2);
+  EXPECT_EQ(detect_chat_template("<start_of_turn>user\n"), ChatTemplate::Gemma);
+  EXPECT_EQ(detect_chat_template("<|user|>\n{{ c }}<|end|>\n<|assistant|>"), ChatTemplate::Phi3);
+  EXPECT_EQ(detect_chat_template("<|user|>\n{{ c }}<|endoftext|>"), ChatTemplate::Zephyr);
+  EXPECT_EQ(detect_chat_template(""), ChatTemplate::Plain);
+  EXPECT_EQ(detect_chat_template("{{ messages }}"), ChatTemplate::Plain);
+}
+
+TEST(ChatTemplate, ReadFromTheGgufsTokenizerChatTemplate) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("tandem_chat_template_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  SyntheticSpec spec = synthetic_preset("tiny");
+  spec.threads = 1;
+  gguf::Writer with = make_synthetic_writer(spec);
+  with.set_string("tokenizer.chat_template",
+                  "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n'}}{% endfor %}");
+  with.write((dir / "chatml.gguf").string());
+  make_synthetic_writer(spec).write((dir / "none.gguf").string());
+  EXPECT_EQ(chat_template_of(gguf::File::open((dir / "chatml.gguf").string())),
+            ChatTemplate::ChatML);
+  EXPECT_EQ(chat_template_of(gguf::File::open((dir / "none.gguf").string())), ChatTemplate::Plain);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ChatTemplate, RendersChatMLAndLlama3AsTheirModelsExpect) {
+  EXPECT_EQ(apply_chat_template(ChatTemplate::ChatML, kChat),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nWhy?<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(apply_chat_template(ChatTemplate::Llama3, {{"user", " Hi \n"}}),
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(apply_chat_template(ChatTemplate::Llama2, kChat),
+            "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]Hello.</s><s>[INST] Why? [/INST]");
+  EXPECT_EQ(apply_chat_template(ChatTemplate::Gemma, {{"system", "S"}, {"user", "U"}}),
+            "<start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\n");
+}
+
+TEST(ChatTemplate, PlainFallbackPrefixesRoles) {
+  EXPECT_EQ(apply_chat_template(ChatTemplate::Plain, kChat),
+            "system: Be brief.\nuser: Hi\nassistant: Hello.\nuser: Why?\nassistant:");
+}
+
+TEST(StopMatcher, CutsAStopStringSplitOverPieces) {
+  StopMatcher m({"END", "##"});
+  std::string out = m.push("abc E");
+  EXPECT_EQ(out, "abc ");  // "E" may begin "END": held back
+  out += m.push("N");
+  EXPECT_EQ(out, "abc ");
+  out += m.push("Dxyz");
+  EXPECT_TRUE(m.matched());
+  EXPECT_EQ(out, "abc ");
+  EXPECT_EQ(m.push("more"), "");
+}
+
+TEST(StopMatcher, ReleasesHeldTextThatWasNotAStop) {
+  StopMatcher m({"END"});
+  std::string out = m.push("a EN");
+  out += m.push("x");
+  EXPECT_EQ(out, "a ENx");
+  out += m.push("E");
+  out += m.flush();
+  EXPECT_EQ(out, "a ENxE");
+  EXPECT_FALSE(m.matched());
+  StopMatcher none;
+  EXPECT_EQ(none.push("text"), "text");
+}
+
+TEST(Request, ReadsTheFieldsItKnowsAndIgnoresOthers) {
+  const CompletionRequest r = parse_completion_request(
+      R"({"model":"m","prompt":"hi","max_tokens":5,"temperature":0,"top_p":0.5,"stop":["x"],
+          "stream":true,"seed":7,"user":"someone","suffix":null})",
+      false);
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.prompt, "hi");
+  EXPECT_EQ(r.max_tokens, 5);
+  EXPECT_EQ(r.sampling.temperature, 0.0f);
+  EXPECT_EQ(r.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.sampling.seed, 7u);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(r.stream);
+  const CompletionRequest ids = parse_completion_request(R"({"prompt":[1,2,3]})", false);
+  EXPECT_EQ(ids.prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
+  const CompletionRequest chat = parse_completion_request(
+      R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},
+          {"type":"text","text":"b"}]}],"max_completion_tokens":3})",
+      true);
+  ASSERT_EQ(chat.messages.size(), 1u);
+  EXPECT_EQ(chat.messages[0].content, "ab");
+  EXPECT_EQ(chat.max_tokens, 3);
+}
+
+TEST(Request, NamesTheFieldAtFault) {
+  auto param_of = [](const char* body, bool chat) {
+    try {
+      parse_completion_request(body, chat);
+    } catch (const RequestError& e) {
+      EXPECT_EQ(e.status(), 400);
+      return e.param();
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(param_of(R"({"prompt":"a","max_tokens":"5"})", false), "max_tokens");
+  EXPECT_EQ(param_of(R"({"prompt":"a","temperature":3})", false), "temperature");
+  EXPECT_EQ(param_of(R"({"prompt":"a","stop":[1]})", false), "stop");
+  EXPECT_EQ(param_of(R"({"prompt":{}})", false), "prompt");
+  EXPECT_EQ(param_of(R"({"messages":[{"role":"robot","content":"x"}]})", true), "messages[0].role");
+  EXPECT_EQ(param_of(R"({"prompt":"a","max_tokens":99999999999})", false), "max_tokens");
+  EXPECT_EQ(param_of("[1]", false), "");
+}
+
+TEST(Request, ErrorBodyHasOpenAIsShape) {
+  const auto j = nlohmann::json::parse(error_body(400, "bad", "prompt", "x"));
+  EXPECT_EQ(j["error"]["message"], "bad");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "prompt");
+  EXPECT_EQ(j["error"]["code"], "x");
+  EXPECT_TRUE(nlohmann::json::parse(error_body(404, "no"))["error"]["param"].is_null());
+}
+
+}  // namespace
+}  // namespace tandem::server
