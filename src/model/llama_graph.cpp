@@ -20,6 +20,52 @@ std::string blk(int layer, const char* what) {  // "blk.N.what.weight"
   return "blk." + std::to_string(layer) + "." + what + ".weight";
 }
 
+// Layer l's attention inputs from x ([n_embd, T]): q, k and v of rms_norm(x), rotated, and the
+// output projection's weight.
+struct AttentionIn {
+  TensorId q, k, v, wo;
+};
+AttentionIn attention_in(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, TensorId x,
+                         TensorId positions, int64_t T) {
+  const int64_t D = c.head_dim;
+  TensorId attn_norm = add_weight(g, file, blk(l, "attn_norm"));
+  TensorId wq = add_weight(g, file, blk(l, "attn_q"));
+  TensorId wk = add_weight(g, file, blk(l, "attn_k"));
+  TensorId wv = add_weight(g, file, blk(l, "attn_v"));
+  AttentionIn in;
+  in.wo = add_weight(g, file, blk(l, "attn_output"));
+  TensorId h = g.rms_norm(x, attn_norm, c.rms_eps);
+  in.q = g.reshape(g.matmul(wq, h), {D, c.n_head, T});
+  in.k = g.reshape(g.matmul(wk, h), {D, c.n_head_kv, T});
+  in.v = g.reshape(g.matmul(wv, h), {D, c.n_head_kv, T});
+  in.q = g.rope(in.q, positions, int32_t(c.n_rot), c.rope_freq_base);
+  in.k = g.rope(in.k, positions, int32_t(c.n_rot), c.rope_freq_base);
+  return in;
+}
+
+// x + layer l's feed-forward block of x.
+TensorId add_ffn(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, TensorId x) {
+  TensorId ffn_norm = add_weight(g, file, blk(l, "ffn_norm"));
+  TensorId w_gate = add_weight(g, file, blk(l, "ffn_gate"));
+  TensorId w_up = add_weight(g, file, blk(l, "ffn_up"));
+  TensorId w_down = add_weight(g, file, blk(l, "ffn_down"));
+  TensorId h = g.rms_norm(x, ffn_norm, c.rms_eps);
+  TensorId s = g.swiglu(g.matmul(w_gate, h), g.matmul(w_up, h));
+  return g.add(x, g.matmul(w_down, s));
+}
+
+// The logits of x's columns (output.weight, or the token embedding where it is tied), named and
+// marked as the graph's output.
+TensorId add_logits(Graph& g, const gguf::File& file, const LlamaConfig& c, TensorId x,
+                    TensorId embd) {
+  x = g.rms_norm(x, add_weight(g, file, "output_norm.weight"), c.rms_eps);
+  TensorId w_out = file.find_tensor("output.weight") ? add_weight(g, file, "output.weight") : embd;
+  TensorId logits = g.matmul(w_out, x);
+  g.set_name(logits, "logits");
+  g.mark_output(logits);
+  return logits;
+}
+
 }  // namespace
 
 std::string kv_cache_name(bool key, int layer, int sequence) {
@@ -53,47 +99,22 @@ LlamaGraph build_llama_graph(const LlamaConfig& c, const gguf::File& file,
   TensorId x = g.get_rows(embd, out.tokens);
 
   for (int l = 0; l < int(c.n_layer); ++l) {
-    TensorId attn_norm = add_weight(g, file, blk(l, "attn_norm"));
-    TensorId wq = add_weight(g, file, blk(l, "attn_q"));
-    TensorId wk = add_weight(g, file, blk(l, "attn_k"));
-    TensorId wv = add_weight(g, file, blk(l, "attn_v"));
-    TensorId wo = add_weight(g, file, blk(l, "attn_output"));
+    const AttentionIn in = attention_in(g, file, c, l, x, out.positions, T);
     TensorId cache_k = g.kv_cache(kv_cache_name(true, l, options.sequence), options.kv_dtype,
                                   {D, c.n_head_kv, out.n_ctx});
     TensorId cache_v = g.kv_cache(kv_cache_name(false, l, options.sequence), options.kv_dtype,
                                   {D, c.n_head_kv, out.n_ctx});
-
-    TensorId h = g.rms_norm(x, attn_norm, c.rms_eps);
-    TensorId q = g.reshape(g.matmul(wq, h), {D, c.n_head, T});
-    TensorId k = g.reshape(g.matmul(wk, h), {D, c.n_head_kv, T});
-    TensorId v = g.reshape(g.matmul(wv, h), {D, c.n_head_kv, T});
-    q = g.rope(q, out.positions, int32_t(c.n_rot), c.rope_freq_base);
-    k = g.rope(k, out.positions, int32_t(c.n_rot), c.rope_freq_base);
-    TensorId kc = g.kv_write(cache_k, k, out.positions);
-    TensorId vc = g.kv_write(cache_v, v, out.positions);
-    TensorId a = g.attention(q, kc, vc, out.positions, scale);
-    a = g.reshape(a, {n_embd, T});
-    x = g.add(x, g.matmul(wo, a));
-
-    TensorId ffn_norm = add_weight(g, file, blk(l, "ffn_norm"));
-    TensorId w_gate = add_weight(g, file, blk(l, "ffn_gate"));
-    TensorId w_up = add_weight(g, file, blk(l, "ffn_up"));
-    TensorId w_down = add_weight(g, file, blk(l, "ffn_down"));
-    h = g.rms_norm(x, ffn_norm, c.rms_eps);
-    TensorId s = g.swiglu(g.matmul(w_gate, h), g.matmul(w_up, h));
-    x = g.add(x, g.matmul(w_down, s));
+    TensorId kc = g.kv_write(cache_k, in.k, out.positions);
+    TensorId vc = g.kv_write(cache_v, in.v, out.positions);
+    TensorId a = g.reshape(g.attention(in.q, kc, vc, out.positions, scale), {n_embd, T});
+    x = add_ffn(g, file, c, l, g.add(x, g.matmul(in.wo, a)));
   }
 
-  TensorId out_norm = add_weight(g, file, "output_norm.weight");
   if (!options.all_logits && T > 1) {
     // Only the last token's logits are needed: skip the vocabulary product for the rest.
     x = g.view(x, {n_embd, 1}, {4, n_embd * 4}, (T - 1) * n_embd * 4);
   }
-  x = g.rms_norm(x, out_norm, c.rms_eps);
-  TensorId w_out = file.find_tensor("output.weight") ? add_weight(g, file, "output.weight") : embd;
-  out.logits = g.matmul(w_out, x);
-  g.set_name(out.logits, "logits");
-  g.mark_output(out.logits);
+  out.logits = add_logits(g, file, c, x, embd);
   return out;
 }
 
@@ -130,18 +151,7 @@ LlamaGraph build_llama_decode_batch(const LlamaConfig& c, const gguf::File& file
   TensorId x = g.get_rows(embd, out.tokens);
 
   for (int l = 0; l < int(c.n_layer); ++l) {
-    TensorId attn_norm = add_weight(g, file, blk(l, "attn_norm"));
-    TensorId wq = add_weight(g, file, blk(l, "attn_q"));
-    TensorId wk = add_weight(g, file, blk(l, "attn_k"));
-    TensorId wv = add_weight(g, file, blk(l, "attn_v"));
-    TensorId wo = add_weight(g, file, blk(l, "attn_output"));
-
-    TensorId h = g.rms_norm(x, attn_norm, c.rms_eps);
-    TensorId q = g.reshape(g.matmul(wq, h), {D, c.n_head, S});
-    TensorId k = g.reshape(g.matmul(wk, h), {D, c.n_head_kv, S});
-    TensorId v = g.reshape(g.matmul(wv, h), {D, c.n_head_kv, S});
-    q = g.rope(q, out.positions, int32_t(c.n_rot), c.rope_freq_base);
-    k = g.rope(k, out.positions, int32_t(c.n_rot), c.rope_freq_base);
+    const AttentionIn in = attention_in(g, file, c, l, x, out.positions, S);
     // Each row attends over its own sequence's cache; the outputs are gathered into the rows
     // of a scratch tensor (a cache write at row r), so wo and the FFN run on all rows at once.
     TensorId gathered = g.kv_cache("batch_attn." + std::to_string(S) + "." + std::to_string(l),
@@ -153,29 +163,16 @@ LlamaGraph build_llama_decode_batch(const LlamaConfig& c, const gguf::File& file
           g.kv_cache(kv_cache_name(true, l, seq), kv_dtype, {D, c.n_head_kv, out.n_ctx});
       TensorId cache_v =
           g.kv_cache(kv_cache_name(false, l, seq), kv_dtype, {D, c.n_head_kv, out.n_ctx});
-      TensorId kc = g.kv_write(cache_k, row_of(k, c.n_head_kv, r), pos);
-      TensorId vc = g.kv_write(cache_v, row_of(v, c.n_head_kv, r), pos);
-      TensorId a = g.attention(row_of(q, c.n_head, r), kc, vc, pos, scale);
+      TensorId kc = g.kv_write(cache_k, row_of(in.k, c.n_head_kv, r), pos);
+      TensorId vc = g.kv_write(cache_v, row_of(in.v, c.n_head_kv, r), pos);
+      TensorId a = g.attention(row_of(in.q, c.n_head, r), kc, vc, pos, scale);
       gathered = g.kv_write(gathered, a, one(out.rows, r));
     }
     TensorId a = g.reshape(gathered, {n_embd, S});
-    x = g.add(x, g.matmul(wo, a));
-
-    TensorId ffn_norm = add_weight(g, file, blk(l, "ffn_norm"));
-    TensorId w_gate = add_weight(g, file, blk(l, "ffn_gate"));
-    TensorId w_up = add_weight(g, file, blk(l, "ffn_up"));
-    TensorId w_down = add_weight(g, file, blk(l, "ffn_down"));
-    h = g.rms_norm(x, ffn_norm, c.rms_eps);
-    TensorId s = g.swiglu(g.matmul(w_gate, h), g.matmul(w_up, h));
-    x = g.add(x, g.matmul(w_down, s));
+    x = add_ffn(g, file, c, l, g.add(x, g.matmul(in.wo, a)));
   }
 
-  TensorId out_norm = add_weight(g, file, "output_norm.weight");
-  x = g.rms_norm(x, out_norm, c.rms_eps);
-  TensorId w_out = file.find_tensor("output.weight") ? add_weight(g, file, "output.weight") : embd;
-  out.logits = g.matmul(w_out, x);
-  g.set_name(out.logits, "logits");
-  g.mark_output(out.logits);
+  out.logits = add_logits(g, file, c, x, embd);
   return out;
 }
 
