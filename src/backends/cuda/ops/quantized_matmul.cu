@@ -326,6 +326,21 @@ void launch_exact(const OpContext& ctx, const NodeExecution& e) {
   ctx.check_launch("quantized_matmul");
 }
 
+// b (f32) quantized into the scratch buffer as int8 blocks with their scales (bq, then bd).
+struct QuantizedB {
+  int8_t* bq;
+  float* bd;
+};
+QuantizedB quantize_b(const OpContext& ctx, const TensorDesc& b, const void* b_data) {
+  const int64_t b_blocks = b.elements() / kQBlock;
+  auto* bq = static_cast<int8_t*>(ctx.scratch);
+  auto* bd = reinterpret_cast<float*>(bq + align_up(size_t(b.elements()), kScratchAlignment));
+  quantize_b_kernel<<<grid_1d(b_blocks * 32, 256, INT32_MAX), 256, 0, ctx.stream>>>(
+      static_cast<const float*>(b_data), bq, bd, b_blocks);
+  ctx.check_launch("quantized_matmul");
+  return {bq, bd};
+}
+
 // The generic kernel, after a separate kernel quantizes b.
 template <int kCols>
 void launch_generic_matvec(const OpContext& ctx, const NodeExecution& e) {
@@ -335,14 +350,10 @@ void launch_generic_matvec(const OpContext& ctx, const NodeExecution& e) {
   const int64_t batches = b.ne[2] * b.ne[3];
   const int64_t div2 = b.ne[2] / a.ne[2], div3 = b.ne[3] / a.ne[3];
   const auto* ap = static_cast<const uint8_t*>(e.inputs[0].data);
-  const auto* bf = static_cast<const float*>(e.inputs[1].data);
   auto* op = static_cast<float*>(e.output.data);
-  const int64_t b_blocks = b.elements() / kQBlock;
-  auto* bq = static_cast<int8_t*>(ctx.scratch);
-  auto* bd = reinterpret_cast<float*>(bq + align_up(size_t(b.elements()), kScratchAlignment));
-  quantize_b_kernel<<<grid_1d(b_blocks * 32, 256, INT32_MAX), 256, 0, ctx.stream>>>(bf, bq, bd,
-                                                                                    b_blocks);
-  ctx.check_launch("quantized_matmul");
+  const QuantizedB qb = quantize_b(ctx, b, e.inputs[1].data);
+  int8_t* const bq = qb.bq;
+  float* const bd = qb.bd;
   const dim3 grid(unsigned((M + kWarps - 1) / kWarps), unsigned(batches));
   auto go = [&](auto kernel) {
     kernel<<<grid, kWarps * 32, 0, ctx.stream>>>(ap, a.nb[1], a.nb[2], a.nb[3], div2, div3, int(M),
@@ -376,14 +387,10 @@ void launch_generic_matvec(const OpContext& ctx, const NodeExecution& e) {
 // one launch per run of equal dtype (a Q4_K_M layer mixes Q4_K and Q6_K).
 template <int kCols>
 void launch_k_matvec_parts(const OpContext& ctx, std::span<const NodeExecution> execs) {
-  const TensorDesc& b = *execs[0].inputs[1].desc;
   const int n_supers = int(execs[0].inputs[0].desc->ne[0] / kSuperBlock);
-  const int64_t b_blocks = b.elements() / kQBlock;
-  auto* bq = static_cast<int8_t*>(ctx.scratch);
-  auto* bd = reinterpret_cast<float*>(bq + align_up(size_t(b.elements()), kScratchAlignment));
-  quantize_b_kernel<<<grid_1d(b_blocks * 32, 256, INT32_MAX), 256, 0, ctx.stream>>>(
-      static_cast<const float*>(execs[0].inputs[1].data), bq, bd, b_blocks);
-  ctx.check_launch("quantized_matmul");
+  const QuantizedB qb = quantize_b(ctx, *execs[0].inputs[1].desc, execs[0].inputs[1].data);
+  int8_t* const bq = qb.bq;
+  float* const bd = qb.bd;
   for (size_t i = 0; i < execs.size();) {
     const DType dtype = execs[i].inputs[0].desc->dtype;
     KParts parts{};
