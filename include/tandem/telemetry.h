@@ -91,6 +91,8 @@ class Telemetry {
   std::string to_chrome_trace_json() const;
   // {"events": [...], "summary": {...}}
   std::string to_json() const;
+  // The "summary" object of to_json() alone: totals, per backend and per op type.
+  std::string summary_json() const;
 
   // Microseconds since this Telemetry was created (the events' time base).
   double now_us() const;

@@ -54,27 +54,8 @@ std::string Session::placement_json() {
 }
 
 std::string Session::telemetry_json() const {
-  const ExecutionSummary s = executor_->telemetry().execution_summary();
-  nlohmann::json backends = nlohmann::json::object();
-  for (const auto& [id, u] : s.backends) {
-    backends[id] = {{"ops", u.ops},
-                    {"actual_us", u.actual_us},
-                    {"estimated_us", u.estimated_us},
-                    {"transfers_in", u.transfers_in},
-                    {"transfer_bytes", u.transfer_bytes},
-                    {"transfer_us", u.transfer_us}};
-  }
-  nlohmann::json out = {
-      {"ops", s.ops},
-      {"transfers", s.transfers},
-      {"graphs", s.graphs},
-      {"transfer_bytes", s.transfer_bytes},
-      {"actual_us", s.actual_us},
-      {"estimated_us", s.estimated_us},
-      {"transfer_us", s.transfer_us},
-      {"graph_us", s.graph_us},
-      {"backends", backends},
-      {"tokens", {{"evaluated", tokens_evaluated_}, {"generated", tokens_generated_}}}};
+  nlohmann::json out = nlohmann::json::parse(executor_->telemetry().summary_json());
+  out["tokens"] = {{"evaluated", tokens_evaluated_}, {"generated", tokens_generated_}};
   return out.dump();
 }
 

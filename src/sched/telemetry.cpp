@@ -256,6 +256,40 @@ std::string Telemetry::to_chrome_trace_json() const {
   return json{{"traceEvents", trace}, {"displayTimeUnit", "ms"}}.dump();
 }
 
+namespace {
+
+// The summary object of to_json() and summary_json(): totals, per backend, per op type.
+nlohmann::json summary_object(const Telemetry& t) {
+  using nlohmann::json;
+  ExecutionSummary s = t.execution_summary();
+  json backends = json::object();
+  for (const auto& [id, u] : s.backends) {
+    backends[id] = {{"ops", u.ops},
+                    {"actual_us", u.actual_us},
+                    {"estimated_us", u.estimated_us},
+                    {"transfers_in", u.transfers_in},
+                    {"transfer_bytes", u.transfer_bytes},
+                    {"transfer_us", u.transfer_us}};
+  }
+  json ops = json::object();
+  for (const auto& [op, o] : t.operations_by_type()) {
+    ops[op] = {{"count", o.count}, {"actual_us", o.actual_us}, {"estimated_us", o.estimated_us}};
+  }
+  json summary = {{"ops", s.ops},
+                  {"transfers", s.transfers},
+                  {"graphs", s.graphs},
+                  {"transfer_bytes", s.transfer_bytes},
+                  {"actual_us", s.actual_us},
+                  {"estimated_us", s.estimated_us},
+                  {"transfer_us", s.transfer_us},
+                  {"graph_us", s.graph_us},
+                  {"backends", backends},
+                  {"operations_by_type", ops}};
+  return summary;
+}
+
+}  // namespace
+
 std::string Telemetry::to_json() const {
   using nlohmann::json;
   std::vector<ExecutionEvent> events = get_telemetry();
@@ -276,31 +310,11 @@ std::string Telemetry::to_json() const {
                     {"transfer_us", e.transfer_us},
                     {"streamed", e.streamed}});
   }
-  ExecutionSummary s = execution_summary();
-  json backends = json::object();
-  for (const auto& [id, u] : s.backends) {
-    backends[id] = {{"ops", u.ops},
-                    {"actual_us", u.actual_us},
-                    {"estimated_us", u.estimated_us},
-                    {"transfers_in", u.transfers_in},
-                    {"transfer_bytes", u.transfer_bytes},
-                    {"transfer_us", u.transfer_us}};
-  }
-  json ops = json::object();
-  for (const auto& [op, t] : operations_by_type()) {
-    ops[op] = {{"count", t.count}, {"actual_us", t.actual_us}, {"estimated_us", t.estimated_us}};
-  }
-  json summary = {{"ops", s.ops},
-                  {"transfers", s.transfers},
-                  {"graphs", s.graphs},
-                  {"transfer_bytes", s.transfer_bytes},
-                  {"actual_us", s.actual_us},
-                  {"estimated_us", s.estimated_us},
-                  {"transfer_us", s.transfer_us},
-                  {"graph_us", s.graph_us},
-                  {"backends", backends},
-                  {"operations_by_type", ops}};
-  return json{{"events", list}, {"dropped", dropped()}, {"summary", summary}}.dump(2);
+  return json{{"events", list}, {"dropped", dropped()}, {"summary", summary_object(*this)}}.dump(2);
+}
+
+std::string Telemetry::summary_json() const {
+  return summary_object(*this).dump();
 }
 
 }  // namespace tandem
