@@ -367,6 +367,55 @@ TEST(CudaOps, KvWriteThenAttention) {
   }
 }
 
+// The small ops of a decode layer in the order the llama graph emits them: the residual Add and
+// the RmsNorm of its sum, then RoPE of Q and K and the cache writes of K and V. A captured
+// segment runs each group as one launch (graph_stats counts them), with the results of the
+// separate kernels; one token (decode) and several (prefill), both cache dtypes, a row length
+// that is no multiple of the block.
+TEST(CudaOps, FusedAddRmsNormAndRopeKvWrite) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType cache : {DType::F16, DType::F32}) {
+    for (int64_t t : {1, 5}) {
+      for (int64_t dim : {4096, 300}) {
+        const int64_t hd = 64, hq = 4, hkv = 2, ctx = 40;
+        Graph g;
+        TensorId x = g.input("x", DType::F32, {dim, t});
+        TensorId r = g.input("r", DType::F32, {dim, t});
+        TensorId w = g.weight("w", DType::F32, {dim});
+        TensorId q = g.input("q", DType::F32, {hd, hq, t});
+        TensorId k = g.input("k", DType::F32, {hd, hkv, t});
+        TensorId v = g.input("v", DType::F32, {hd, hkv, t});
+        TensorId pos = g.input("pos", DType::I32, {t});
+        TensorId kc = g.kv_cache("kc", cache, {hd, hkv, ctx});
+        TensorId vc = g.kv_cache("vc", cache, {hd, hkv, ctx});
+        TensorId s = g.add(x, r);
+        g.mark_output(s);
+        g.mark_output(g.rms_norm(s, w, 1e-5f));
+        TensorId qr = g.rope(q, pos, int32_t(hd), 500000.0f);
+        TensorId kr = g.rope(k, pos, int32_t(hd), 500000.0f);
+        g.mark_output(qr);
+        g.mark_output(kr);
+        g.mark_output(g.kv_write(kc, kr, pos));
+        g.mark_output(g.kv_write(vc, v, pos));
+        std::vector<int32_t> positions;
+        for (int64_t i = 0; i < t; ++i) positions.push_back(int32_t(31 + i));
+        const std::string what = "fused small ops, cache " + std::string(dtype_name(cache)) +
+                                 " t=" + std::to_string(t) + " dim=" + std::to_string(dim);
+        const auto before = backend->graph_stats();
+        const Comparison fused = compare_with_reference(g, *backend, {{pos, ints_bytes(positions)}},
+                                                        /*as_segment=*/true);
+        const auto after = backend->graph_stats();
+        EXPECT_EQ(after.fused_launches - before.fused_launches, 2) << what;
+        EXPECT_EQ(after.fused_nodes - before.fused_nodes, 6) << what;
+        ASSERT_EQ(fused.nmse.size(), 6u);
+        EXPECT_LE(fused.nmse[0], kExact) << what << ": add";
+        EXPECT_LE(fused.nmse[1], kExact) << what << ": rms_norm";
+        for (size_t i = 2; i < 6; ++i) EXPECT_LE(fused.nmse[i], kRope) << what << ": output " << i;
+      }
+    }
+  }
+}
+
 TEST(CudaOps, TransformerBlockAsOneSegment) {
   TANDEM_REQUIRE_GPU(backend);
   // A small decode block with every op family, run as one captured segment twice.

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "mapped_copy.h"
@@ -63,6 +64,12 @@ CudaBackend::CudaBackend(int device) : allocator_(state_) {
   cudaDeviceProp prop{};
   TANDEM_CUDA_CHECK(s, "init", cudaGetDeviceProperties(&prop, device));
   sm_count_ = prop.multiProcessorCount;
+  if (const char* env = std::getenv("TANDEM_CUDA_FUSION"); env && *env) {
+    const std::string_view v(env);
+    fusion_ = v == "0" || v == "off" ? cuda::Fusion::None
+              : v == "matvec"        ? cuda::Fusion::Matvec
+                                     : cuda::Fusion::All;
+  }
   smem_optin_ = prop.sharedMemPerBlockOptin;
   smem_pair_ =
       std::min(smem_optin_, prop.sharedMemPerMultiprocessor / 2 - prop.reservedSharedMemPerBlock);
@@ -514,8 +521,12 @@ void CudaBackend::execute_segment(const Graph& graph, std::span<const NodeExecut
                     cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
     for (size_t i = 0; i < segment.size();) {
-      const size_t fused = cuda::run_fused_matvecs(ctx, segment.subspan(i));
+      const size_t fused = cuda::run_fused(ctx, segment.subspan(i), fusion_);
       if (fused == 0) cuda::run_op(ctx, segment[i]);
+      if (fused > 0) {
+        graph_stats_.fused_nodes += int64_t(fused);
+        ++graph_stats_.fused_launches;
+      }
       i += std::max<size_t>(fused, 1);
     }
   } catch (...) {

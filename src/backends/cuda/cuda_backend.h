@@ -79,6 +79,8 @@ class CudaBackend final : public Backend {
     int64_t captures = 0;
     int64_t updates = 0;
     int64_t replays = 0;
+    int64_t fused_nodes = 0;     // nodes captured inside a fused launch (cuda::run_fused)
+    int64_t fused_launches = 0;  // ... and those launches
   };
   GraphStats graph_stats() const { return graph_stats_; }
   size_t cached_bytes() const { return allocator_.cached_bytes(); }
@@ -109,6 +111,9 @@ class CudaBackend final : public Backend {
 
   cuda::DeviceState state_;
   int sm_count_ = 1;
+  // Which fused launches captured segments use: all (default), only the matrix-vector ones
+  // (TANDEM_CUDA_FUSION=matvec) or none (=0); the switch is for measuring the fusions.
+  cuda::Fusion fusion_ = cuda::Fusion::All;
   size_t smem_optin_ = 0;  // shared memory a block may opt in to
   size_t smem_pair_ = 0;   // ... when two blocks share an SM
   std::vector<std::string> features_;

@@ -71,9 +71,20 @@ size_t op_scratch_bytes(const OpContext& ctx, const NodeExecution& e);
 // Runs one compute node through the first row covering it; throws Unsupported where none does.
 void run_op(const OpContext& ctx, const NodeExecution& e);
 
-// Runs the first nodes of `segment` as one launch when they are matrix-vector products of the
-// same b (Q, K and V; gate and up); returns how many it ran (0: run the first node alone).
+// Runs the first nodes of `segment` as one launch where they form a pattern a fused kernel
+// covers; returns how many it ran (0: run the first node alone). Each fused kernel writes every
+// output its nodes have, with the arithmetic of the separate kernels, so a fusion needs no
+// knowledge of the outputs' other readers. The patterns (docs/cuda.md):
+enum class Fusion : uint8_t { None, Matvec, All };
+size_t run_fused(const OpContext& ctx, std::span<const NodeExecution> segment,
+                 Fusion fusion = Fusion::All);
+// - matrix-vector products of the same b (Q, K and V; gate and up): one launch, one
+//   quantization of b (quantized_matmul.cu);
 size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment);
+// - a residual Add and the RmsNorm of its sum (norm.cu);
+size_t run_fused_add_rms_norm(const OpContext& ctx, std::span<const NodeExecution> segment);
+// - RoPE of Q and K and the KV-cache writes of K and V at the same positions (rope.cu).
+size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecution> segment);
 // Largest batch (columns of b) served by the matrix-vector kernels.
 inline constexpr int64_t kMatvecMaxColumns = 8;
 

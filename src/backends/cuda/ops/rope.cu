@@ -1,5 +1,8 @@
 // RoPE on adjacent pairs: one thread per element, angles in double (exact positions matter
-// more than the few extra cycles of a memory-bound op).
+// more than the few extra cycles of a memory-bound op). Also the fused launch of a layer's RoPE
+// of Q and K with the KV-cache writes that follow it (run_fused_rope_kv_write).
+#include <array>
+
 #include "common.cuh"
 #include "ops.h"
 
@@ -7,22 +10,23 @@ namespace tandem::cuda {
 
 namespace {
 
+// Element idx of RoPE(x) for x contiguous [d, heads, T], i = idx % d, at position pos.
+__device__ __forceinline__ float rope_element(const float* x, int64_t idx, int64_t i, int32_t pos,
+                                              int n_rot, double log_base) {
+  if (i >= n_rot) return x[idx];
+  const int64_t even = i & ~int64_t(1);
+  const double theta = double(pos) * exp(-double(even) / n_rot * log_base);
+  double s, c;
+  sincos(theta, &s, &c);
+  const double x0 = x[idx - (i - even)], x1 = x[idx - (i - even) + 1];
+  return float(i == even ? x0 * c - x1 * s : x0 * s + x1 * c);
+}
+
 __global__ void rope_kernel(const float* x, const int32_t* pos, float* out, int64_t d,
                             int64_t heads, int64_t n, int n_rot, double log_base) {
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = idx % d;
-    const int64_t t = idx / (d * heads);
-    if (i >= n_rot) {
-      out[idx] = x[idx];
-      continue;
-    }
-    const int64_t even = i & ~int64_t(1);
-    const double theta = double(pos[t]) * exp(-double(even) / n_rot * log_base);
-    double s, c;
-    sincos(theta, &s, &c);
-    const double x0 = x[idx - (i - even)], x1 = x[idx - (i - even) + 1];
-    out[idx] = float(i == even ? x0 * c - x1 * s : x0 * s + x1 * c);
+    out[idx] = rope_element(x, idx, idx % d, pos[idx / (d * heads)], n_rot, log_base);
   }
 }
 
@@ -37,7 +41,131 @@ void run_rope(const OpContext& ctx, const NodeExecution& e) {
   ctx.check_launch("rope");
 }
 
+// One tensor of a fused RoPE / KV-write launch, [d, heads, T] contiguous f32: rotated or copied
+// as is, written to `out` (a Rope node's output) and/or to `cache` at its token's position (a
+// KvWrite node's cache: position p's row at p * token_stride).
+struct RopeKvPart {
+  const float* src = nullptr;
+  float* out = nullptr;
+  uint8_t* cache = nullptr;
+  int64_t d = 0, heads = 0, n = 0;
+  int64_t token_stride = 0, capacity = 0;
+  DType cache_dtype = DType::F32;
+  bool rotate = false;
+};
+constexpr int kMaxRopeKvParts = 4;
+struct RopeKvParts {
+  std::array<RopeKvPart, kMaxRopeKvParts> part;
+  int count = 0;
+};
+
+__global__ void rope_kv_write_kernel(RopeKvParts parts, const int32_t* pos, int n_rot,
+                                     double log_base, int64_t total, int32_t* error_flag) {
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < total;
+       g += int64_t(gridDim.x) * blockDim.x) {
+    int64_t idx = g;
+    int j = 0;
+    while (j + 1 < parts.count && idx >= parts.part[j].n) idx -= parts.part[j++].n;
+    const RopeKvPart& p = parts.part[j];
+    const int64_t row = p.d * p.heads;
+    const int64_t t = idx / row;
+    const int32_t position = pos[t];
+    const float v = p.rotate ? rope_element(p.src, idx, idx % p.d, position, n_rot, log_base)
+                             : p.src[idx];
+    if (p.out) p.out[idx] = v;
+    if (p.cache) {
+      if (position < 0 || position >= p.capacity) {
+        atomicCAS(error_flag, kDeviceOk, kPositionOutOfRange);
+        continue;
+      }
+      store_f32(p.cache_dtype, p.cache + position * p.token_stride, idx - t * row, v);
+    }
+  }
+}
+
+bool contiguous_f32(const TensorRef& t) {
+  return t.desc->dtype == DType::F32 && t.desc->is_contiguous();
+}
+
 }  // namespace
+
+size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecution> segment) {
+  // Up to two Rope nodes (Q, K), then up to two KvWrite nodes (K, V), all at the same positions;
+  // a KvWrite of a Rope's output writes the rotated values it computes itself.
+  RopeKvParts parts;
+  const NodeExecution* first = segment.empty() ? nullptr : &segment[0];
+  if (!first) return 0;
+  const TensorRef* positions = nullptr;
+  auto same_positions = [&](const TensorRef& p) {
+    if (p.desc->dtype != DType::I32 || !p.desc->is_contiguous()) return false;
+    if (!positions) positions = &p;
+    return p.data == positions->data && p.desc->ne == positions->desc->ne;
+  };
+  size_t n = 0;
+  int n_rot = 0;
+  float freq_base = 0.0f;
+  while (n < segment.size() && n < 2 && segment[n].node->op == OpKind::Rope) {
+    const NodeExecution& e = segment[n];
+    const TensorDesc& x = *e.inputs[0].desc;
+    if (!contiguous_f32(e.inputs[0]) || !contiguous_f32(e.output) ||
+        !same_positions(e.inputs[1]) || positions->desc->ne[0] != x.ne[2] ||
+        x.ne[3] != 1 || (n > 0 && (e.node->params.n_rot != n_rot ||
+                                   e.node->params.freq_base != freq_base))) {
+      break;
+    }
+    n_rot = e.node->params.n_rot;
+    freq_base = e.node->params.freq_base;
+    RopeKvPart& p = parts.part[size_t(parts.count++)];
+    p.src = static_cast<const float*>(e.inputs[0].data);
+    p.out = static_cast<float*>(e.output.data);
+    p.d = x.ne[0];
+    p.heads = x.ne[1];
+    p.n = x.elements();
+    p.rotate = true;
+    ++n;
+  }
+  const size_t ropes = n;
+  while (n < segment.size() && n < ropes + 2 && segment[n].node->op == OpKind::KvWrite) {
+    const NodeExecution& e = segment[n];
+    const TensorDesc& cache = *e.output.desc;
+    const TensorDesc& src = *e.inputs[1].desc;
+    if (!contiguous_f32(e.inputs[1]) || !same_positions(e.inputs[2]) ||
+        positions->desc->ne[0] != src.ne[2] || src.ne[3] != 1 ||
+        (cache.dtype != DType::F32 && cache.dtype != DType::F16) || cache.ne[0] != src.ne[0] ||
+        cache.ne[1] != src.ne[1] || cache.nb[1] != cache.nb[0] * cache.ne[0]) {
+      break;
+    }
+    // The K write reads what a Rope of this launch writes: that part writes the cache too.
+    RopeKvPart* p = nullptr;
+    for (size_t r = 0; r < ropes; ++r) {
+      if (parts.part[r].out == e.inputs[1].data && parts.part[r].n == src.elements() &&
+          !parts.part[r].cache) {
+        p = &parts.part[r];
+      }
+    }
+    if (!p) {
+      p = &parts.part[size_t(parts.count++)];
+      p->src = static_cast<const float*>(e.inputs[1].data);
+      p->d = src.ne[0];
+      p->heads = src.ne[1];
+      p->n = src.elements();
+    }
+    p->cache = static_cast<uint8_t*>(e.output.data);
+    p->token_stride = cache.nb[2];
+    p->capacity = cache.ne[2];
+    p->cache_dtype = cache.dtype;
+    ++n;
+  }
+  if (n < 2) return 0;
+  int64_t total = 0;
+  for (int j = 0; j < parts.count; ++j) total += parts.part[size_t(j)].n;
+  constexpr int kThreads = 256;
+  rope_kv_write_kernel<<<grid_1d(total, kThreads), kThreads, 0, ctx.stream>>>(
+      parts, static_cast<const int32_t*>(positions->data), n_rot, log(double(freq_base)), total,
+      ctx.error_flag);
+  ctx.check_launch("rope + kv_write");
+  return n;
+}
 
 void add_rope_kernels(KernelTable<Kernel>& rows) {
   add_row(rows, OpKind::Rope, {DType::F32, DType::I32}, {run_rope});
