@@ -59,7 +59,11 @@ __global__ void unary_kernel(const float* x, float* out, int64_t n, float scale)
   }
 }
 
+// A programmatic dependent that lets its dependents launch at once (the down projection's
+// matrix-vector kernel fetches its weights meanwhile).
 __global__ void swiglu_kernel(const float* gate, const float* up, float* out, int64_t n) {
+  grid_launch_dependents();
+  grid_dependency_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float g = gate[i];
@@ -113,10 +117,11 @@ void run_unary(const OpContext& ctx, const NodeExecution& e) {
 
 void run_swiglu(const OpContext& ctx, const NodeExecution& e) {
   const int64_t n = e.output.desc->elements();
-  swiglu_kernel<<<grid_1d(n, kThreads), kThreads, 0, ctx.stream>>>(
-      static_cast<const float*>(e.inputs[0].data), static_cast<const float*>(e.inputs[1].data),
-      static_cast<float*>(e.output.data), n);
-  ctx.check_launch("swiglu");
+  ctx.check(launch_programmatic(ctx.stream, dim3(grid_1d(n, kThreads)), dim3(kThreads), 0,
+                                swiglu_kernel, static_cast<const float*>(e.inputs[0].data),
+                                static_cast<const float*>(e.inputs[1].data),
+                                static_cast<float*>(e.output.data), n),
+            "swiglu", "kernel launch");
 }
 
 }  // namespace

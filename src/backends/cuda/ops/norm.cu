@@ -1,5 +1,7 @@
 // RmsNorm and LayerNorm: one block per row, f32 accumulation, optional weight and bias. Also the
 // fused launch of a residual Add with the RmsNorm that reads its sum (run_fused_add_rms_norm).
+// Launched as programmatic dependents that let their own dependents launch at once: the next
+// matrix-vector kernel starts fetching its weights while the norm runs.
 #include "common.cuh"
 #include "ops.h"
 
@@ -11,6 +13,8 @@ template <bool kRms>
 __global__ void norm_kernel(const float* x, const float* w, const float* b, float* out, int64_t n,
                             float eps) {
   __shared__ float shared[32];
+  grid_launch_dependents();
+  grid_dependency_wait();
   const int64_t row = blockIdx.x;
   const float* xr = x + row * n;
   float* orow = out + row * n;
@@ -41,6 +45,8 @@ int norm_threads(int64_t n) { return n >= 1024 ? 1024 : n >= 256 ? 256 : 128; }
 __global__ void add_rms_norm_kernel(const float* a, const float* b, float* sum, const float* w,
                                     float* out, int64_t n, float eps) {
   __shared__ float shared[32];
+  grid_launch_dependents();
+  grid_dependency_wait();
   const int64_t offset = int64_t(blockIdx.x) * n;
   a += offset;
   b += offset;
@@ -71,11 +77,13 @@ void run_norm(const OpContext& ctx, const NodeExecution& e) {
   const auto rows = unsigned(x.rows());
   const float eps = e.node->params.eps;
   if (e.node->op == OpKind::RmsNorm) {
-    norm_kernel<true><<<rows, threads, 0, ctx.stream>>>(xd, w, nullptr, o, n, eps);
-    ctx.check_launch("rms_norm");
+    ctx.check(launch_programmatic(ctx.stream, dim3(rows), dim3(unsigned(threads)), 0,
+                                  norm_kernel<true>, xd, w, nullptr, o, n, eps),
+              "rms_norm", "kernel launch");
   } else {
-    norm_kernel<false><<<rows, threads, 0, ctx.stream>>>(xd, w, b, o, n, eps);
-    ctx.check_launch("layer_norm");
+    ctx.check(launch_programmatic(ctx.stream, dim3(rows), dim3(unsigned(threads)), 0,
+                                  norm_kernel<false>, xd, w, b, o, n, eps),
+              "layer_norm", "kernel launch");
   }
 }
 
@@ -108,11 +116,13 @@ size_t run_fused_add_rms_norm(const OpContext& ctx, std::span<const NodeExecutio
     w = static_cast<const float*>(weight.data);
   }
   const int64_t n = sum.ne[0];
-  add_rms_norm_kernel<<<unsigned(sum.rows()), norm_threads(n), 0, ctx.stream>>>(
-      static_cast<const float*>(add.inputs[0].data), static_cast<const float*>(add.inputs[1].data),
-      static_cast<float*>(add.output.data), w, static_cast<float*>(norm.output.data), n,
-      norm.node->params.eps);
-  ctx.check_launch("add + rms_norm");
+  ctx.check(launch_programmatic(ctx.stream, dim3(unsigned(sum.rows())),
+                                dim3(unsigned(norm_threads(n))), 0, add_rms_norm_kernel,
+                                static_cast<const float*>(add.inputs[0].data),
+                                static_cast<const float*>(add.inputs[1].data),
+                                static_cast<float*>(add.output.data), w,
+                                static_cast<float*>(norm.output.data), n, norm.node->params.eps),
+            "add + rms_norm", "kernel launch");
   return 2;
 }
 

@@ -61,6 +61,8 @@ struct RopeKvParts {
 
 __global__ void rope_kv_write_kernel(RopeKvParts parts, const int32_t* pos, int n_rot,
                                      double log_base, int64_t total, int32_t* error_flag) {
+  grid_launch_dependents();
+  grid_dependency_wait();
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < total;
        g += int64_t(gridDim.x) * blockDim.x) {
     int64_t idx = g;
@@ -160,10 +162,11 @@ size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecuti
   int64_t total = 0;
   for (int j = 0; j < parts.count; ++j) total += parts.part[size_t(j)].n;
   constexpr int kThreads = 256;
-  rope_kv_write_kernel<<<grid_1d(total, kThreads), kThreads, 0, ctx.stream>>>(
-      parts, static_cast<const int32_t*>(positions->data), n_rot, log(double(freq_base)), total,
-      ctx.error_flag);
-  ctx.check_launch("rope + kv_write");
+  ctx.check(launch_programmatic(ctx.stream, dim3(grid_1d(total, kThreads)), dim3(kThreads), 0,
+                                rope_kv_write_kernel, parts,
+                                static_cast<const int32_t*>(positions->data), n_rot,
+                                log(double(freq_base)), total, ctx.error_flag),
+            "rope + kv_write", "kernel launch");
   return n;
 }
 
