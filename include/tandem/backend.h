@@ -109,6 +109,9 @@ class Backend {
   // Before the host reads a download's destination or overwrites an upload's source it calls
   // wait_host_copies(). The defaults copy synchronously.
   virtual Buffer allocate_host(size_t bytes);
+  // True where [p, p + bytes) lies in host memory this device's allocate_host gave: a download
+  // there needs no staging (the default: false).
+  virtual bool host_is_page_locked(const void* p, size_t bytes) const;
   virtual bool upload_async(void* device_dst, const void* host_src, size_t bytes);
   virtual bool download_async(void* host_dst, const void* device_src, size_t bytes);
   virtual void wait_host_copies();

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "tandem/backend.h"
 #include "tandem/calibration.h"
 #include "tandem/executor.h"
 #include "tandem/model/gguf.h"
@@ -180,6 +181,7 @@ class Session {
   // Plans and runs one step of `lg` over tokens (positions_ set by the caller).
   std::span<const float> run_step(const LlamaGraph& lg, std::span<const int32_t> tokens);
   void plan_residency(int64_t n_prompt);
+  void size_logits(size_t n);
   void learn_from(const Graph& graph);
 
   gguf::File file_;
@@ -194,7 +196,11 @@ class Session {
   std::shared_ptr<const Placement> uploaded_for_;  // held, so its address cannot be reused
   std::vector<int32_t> positions_;
   std::vector<int32_t> rows_;  // 0, 1, ... for a batched decode
-  std::vector<float> logits_;
+  // The last step's logits: in page-locked memory of a device that offers it (the step's
+  // download lands there with no host copy), else in logits_host_.
+  std::span<float> logits_;
+  Buffer logits_pinned_;
+  std::vector<float> logits_host_;
   int64_t n_ctx_ = 0;
   std::vector<int64_t> past_ = {0};  // positions used, per sequence
   DType kv_dtype_ = DType::F16;

@@ -149,6 +149,10 @@ Buffer Backend::allocate_host(size_t /*bytes*/) {
   return {};
 }
 
+bool Backend::host_is_page_locked(const void* /*p*/, size_t /*bytes*/) const {
+  return false;
+}
+
 bool Backend::upload_async(void* device_dst, const void* host_src, size_t bytes) {
   copy_from_host(device_dst, host_src, bytes);
   return false;

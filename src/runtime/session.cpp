@@ -203,8 +203,7 @@ std::span<const float> Session::decode_batch(std::span<const int> sequences,
 
 std::span<const float> Session::run_step(const LlamaGraph& lg, std::span<const int32_t> tokens) {
   const int64_t n = int64_t(tokens.size());
-  const TensorDesc& out = lg.graph.tensor(lg.logits);
-  logits_.resize(size_t(out.elements()));
+  size_logits(size_t(lg.graph.tensor(lg.logits).elements()));
 
   plan_residency(kPlanPrefillTokens);
   last_placement_ = scheduler_->plan(lg.graph, executor_->residency());
@@ -233,6 +232,30 @@ std::span<const float> Session::run_step(const LlamaGraph& lg, std::span<const i
   if (learn_ && (sampled || learn_every_ == 0)) learn_from(lg.graph);
   tokens_evaluated_ += n;
   return logits_;
+}
+
+void Session::size_logits(size_t n) {
+  // Page-locked up to a few decode batches' worth (an all-logits prompt of 512 tokens would pin
+  // 256 MB); growing re-allocates, which steps of the same size never do.
+  constexpr size_t kMaxPinnedBytes = size_t(64) << 20;
+  const size_t bytes = n * sizeof(float);
+  if (logits_pinned_.bytes() < bytes && bytes <= kMaxPinnedBytes) {
+    logits_pinned_.reset();
+    for (const auto& b : executor_->backends()) {
+      try {
+        logits_pinned_ = b->allocate_host(bytes);
+      } catch (const Error&) {
+        // The OS refused to page-lock more: ordinary memory serves.
+      }
+      if (logits_pinned_) break;
+    }
+  }
+  if (logits_pinned_.bytes() >= bytes) {
+    logits_ = {static_cast<float*>(logits_pinned_.data()), n};
+  } else {
+    logits_host_.resize(n);
+    logits_ = logits_host_;
+  }
 }
 
 void Session::plan_residency(int64_t n_prompt) {

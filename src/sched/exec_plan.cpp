@@ -587,6 +587,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
   if (!plan->host_staging.data()) plan->staging.assign(staging, 0);
   plan->input_data.assign(plan->inputs.size(), nullptr);
   plan->output_dest.assign(plan->outputs.size(), nullptr);
+  plan->output_direct.assign(plan->outputs.size(), 0);
   plan->generation = generation;
   return plan;
 }

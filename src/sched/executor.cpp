@@ -514,14 +514,21 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
       }
       dirty[size_t(step.backend)] = true;
     }
-    // Device outputs: downloads queued behind the step's work, waited for with the copies.
+    // Device outputs: downloads queued behind the step's work, waited for with the copies,
+    // straight into the caller's memory where the device page-locked it (the session's logits:
+    // no host copy of 0.5 MB after every decode step), else into the plan's staging.
     uint8_t* staging = plan.staging_data();
     for (size_t k = 0; k < plan.outputs.size(); ++k) {
       const ExecPlan::Output& o = plan.outputs[k];
+      plan.output_direct[k] = 0;
       if (!plan.output_dest[k] || o.backend < 0) continue;
       Backend& from = *m.backends[size_t(o.backend)];
-      if (from.download_async(staging + o.staging_offset, o.src_ptr, o.bytes))
-        host_copies[size_t(o.backend)] = true;
+      void* dst = staging + o.staging_offset;
+      if (from.host_is_page_locked(plan.output_dest[k], o.bytes)) {
+        dst = plan.output_dest[k];
+        plan.output_direct[k] = 1;
+      }
+      if (from.download_async(dst, o.src_ptr, o.bytes)) host_copies[size_t(o.backend)] = true;
     }
     wait_host_copies();
     for (size_t b = 0; b < nb; ++b) {
@@ -559,7 +566,7 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
   }
   for (size_t k = 0; k < plan.outputs.size(); ++k) {
     const ExecPlan::Output& o = plan.outputs[k];
-    if (!plan.output_dest[k]) continue;
+    if (!plan.output_dest[k] || plan.output_direct[k]) continue;
     const void* src = o.backend >= 0 ? plan.staging_data() + o.staging_offset : o.src_ptr;
     std::memcpy(plan.output_dest[k], src, o.bytes);
   }

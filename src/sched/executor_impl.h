@@ -130,6 +130,7 @@ struct ExecPlan {
   // Per-run scratch, sized once.
   std::vector<const void*> input_data;
   std::vector<void*> output_dest;
+  std::vector<uint8_t> output_direct;  // 1: downloaded into output_dest itself (page-locked)
 };
 
 struct HybridExecutor::Impl {

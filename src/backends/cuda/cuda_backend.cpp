@@ -401,6 +401,10 @@ bool CudaBackend::upload_async(void* device_dst, const void* host_src, size_t by
   return true;
 }
 
+bool CudaBackend::host_is_page_locked(const void* p, size_t bytes) const {
+  return host_ranges().contains(p, bytes);
+}
+
 bool CudaBackend::download_async(void* host_dst, const void* device_src, size_t bytes) {
   if (!host_ranges().contains(host_dst, bytes)) {
     copy_to_host(host_dst, device_src, bytes);

@@ -52,6 +52,7 @@ class CudaBackend final : public Backend {
   Buffer allocate_host(size_t bytes) override;
   bool upload_async(void* device_dst, const void* host_src, size_t bytes) override;
   bool download_async(void* host_dst, const void* device_src, size_t bytes) override;
+  bool host_is_page_locked(const void* p, size_t bytes) const override;
   void wait_host_copies() override;
 
   void execute(const Graph& graph, const NodeExecution& exec) override;
