@@ -214,6 +214,30 @@ TEST(CudaOps, FusedKQuantMatvecsShareOneQuantization) {
   }
 }
 
+// f16 / bf16 weights: 1 to 8 columns of b with K a multiple of 256 take the streaming
+// matrix-vector kernel (f32 b), the rest (K = 96, 9 columns) cuBLAS on tensor cores.
+TEST(CudaOps, HalfMatMulMatvecAndTensorCorePaths) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType d : {DType::F16, DType::BF16}) {
+    for (auto [k, m, n] : {std::tuple{256, 129, 1},
+                           {2048, 2048, 1},
+                           {4096, 1000, 3},
+                           {2304, 77, 8},
+                           {14336, 300, 1},
+                           {96, 50, 2},
+                           {512, 200, 9}}) {
+      Graph g;
+      TensorId a = g.weight("a", d, {k, m});
+      TensorId b = g.input("b", DType::F32, {k, n});
+      g.mark_output(g.matmul(a, b));
+      const std::string what = "matmul " + std::string(dtype_name(d)) + " " + std::to_string(k) +
+                               "x" + std::to_string(m) + "x" + std::to_string(n);
+      expect_close(compare_with_reference(g, *backend), kMatmul, what);
+      expect_close(compare_with_reference(g, *backend, {}, /*as_segment=*/true), kMatmul, what);
+    }
+  }
+}
+
 TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
   TANDEM_REQUIRE_GPU(backend);
   for (DType d : {DType::Q4_0, DType::Q8_0}) {
