@@ -238,6 +238,35 @@ TEST(CudaOps, HalfMatMulMatvecAndTensorCorePaths) {
   }
 }
 
+// f16 / bf16 products of the same b in a segment: Q, K and V as one launch, then gate and up
+// with the SwiGLU of their outputs as one launch that writes all three.
+TEST(CudaOps, FusedHalfMatvecsAndGateUpSwiGlu) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType d : {DType::F16, DType::BF16}) {
+    for (int64_t n : {1, 3}) {
+      Graph g;
+      TensorId x = g.input("x", DType::F32, {512, n});
+      TensorId y = g.input("y", DType::F32, {768, n});
+      g.mark_output(g.matmul(g.weight("wq", d, {512, 300}), x));
+      g.mark_output(g.matmul(g.weight("wk", d, {512, 77}), x));
+      g.mark_output(g.matmul(g.weight("wv", d, {512, 77}), x));
+      TensorId gate = g.matmul(g.weight("wg", d, {768, 1000}), y);
+      TensorId up = g.matmul(g.weight("wu", d, {768, 1000}), y);
+      g.mark_output(gate);
+      g.mark_output(up);
+      g.mark_output(g.swiglu(gate, up));
+      const std::string what =
+          "fused half matvecs " + std::string(dtype_name(d)) + " n=" + std::to_string(n);
+      const auto before = backend->graph_stats();
+      expect_close(compare_with_reference(g, *backend, {}, /*as_segment=*/true), kMatmul, what);
+      const auto after = backend->graph_stats();
+      EXPECT_EQ(after.fused_launches - before.fused_launches, 2) << what;
+      EXPECT_EQ(after.fused_nodes - before.fused_nodes, 6) << what;
+      expect_close(compare_with_reference(g, *backend, {}, /*as_segment=*/false), kMatmul, what);
+    }
+  }
+}
+
 TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
   TANDEM_REQUIRE_GPU(backend);
   for (DType d : {DType::Q4_0, DType::Q8_0}) {

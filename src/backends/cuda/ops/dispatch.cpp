@@ -50,6 +50,7 @@ void run_op(const OpContext& ctx, const NodeExecution& e) {
 size_t run_fused(const OpContext& ctx, std::span<const NodeExecution> segment, Fusion fusion) {
   if (fusion == Fusion::None) return 0;
   if (const size_t n = run_fused_matvecs(ctx, segment)) return n;
+  if (const size_t n = run_fused_half_matvecs(ctx, segment)) return n;
   if (fusion == Fusion::Matvec) return 0;
   for (auto fused : {run_fused_add_rms_norm, run_fused_rope_kv_write}) {
     if (const size_t n = fused(ctx, segment)) return n;

@@ -21,9 +21,13 @@ cudaDataType_t cuda_type(DType d) {
 // f32 products, more exact than the tensor-core path). A programmatic dependent: the first loads
 // of weights (which no kernel writes) go out before the wait for the kernel that wrote b. Its
 // dependents are released as it exits (the output projection runs many waves of blocks).
+// Products of the same b that follow each other run as one launch (Q, K and V); gate and up
+// followed by the SwiGLU of their outputs run as one launch whose warps take row r of both
+// matrices and write the two products and silu(gate) * up (the SwiGlu node's output).
 constexpr int kHalfWarps = 4;
 constexpr int kHalfSteps = 8;
 constexpr int64_t kHalfChunk = 256;  // elements of a row one warp load covers
+constexpr int kMaxHalfParts = 3;
 
 template <DType kType>
 __device__ __forceinline__ void half8_to_f32(const uint4& w, float (&x)[8]) {
@@ -40,51 +44,104 @@ __device__ __forceinline__ void half8_to_f32(const uint4& w, float (&x)[8]) {
   }
 }
 
-template <DType kType, int kCols>
-__global__ __launch_bounds__(kHalfWarps * 32) void half_matvec_kernel(const uint8_t* a,
-                                                                     int64_t row_stride, int M,
-                                                                     int64_t K, const float* b,
-                                                                     float* out) {
-  const int row = blockIdx.x * kHalfWarps + threadIdx.x / 32;
+// acc[r][c] = this lane's share of row r (of kRows) times column c of b (columns K apart).
+template <DType kType, int kCols, int kRows>
+__device__ __forceinline__ void half_rows_dot(const uint4* const (&rows)[kRows], int64_t K,
+                                              const float* b, float (&acc)[kRows][kCols]) {
   const int lane = threadIdx.x % 32;
-  if (row >= M) return;
-  const auto* ar = reinterpret_cast<const uint4*>(a + row * row_stride);
   const int64_t chunks = K / kHalfChunk;
-  float acc[kCols];
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
   for (int64_t c0 = 0; c0 < chunks; c0 += kHalfSteps) {
-    uint4 w[kHalfSteps];
+    uint4 w[kRows][kHalfSteps];
 #pragma unroll
-    for (int t = 0; t < kHalfSteps; ++t) {
-      if (c0 + t < chunks) w[t] = __ldcs(ar + (c0 + t) * 32 + lane);
-    }
+    for (int t = 0; t < kHalfSteps; ++t)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (c0 + t < chunks) w[r][t] = __ldcs(rows[r] + (c0 + t) * 32 + lane);
+      }
     if (c0 == 0) grid_dependency_wait();  // b is written by the preceding kernel
 #pragma unroll
     for (int t = 0; t < kHalfSteps; ++t) {
       if (c0 + t >= chunks) break;
-      float x[8];
-      half8_to_f32<kType>(w[t], x);
       const int64_t k = (c0 + t) * kHalfChunk + 8 * lane;
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        const float4 b0 = *reinterpret_cast<const float4*>(b + c * K + k);
-        const float4 b1 = *reinterpret_cast<const float4*>(b + c * K + k + 4);
-        acc[c] += x[0] * b0.x + x[1] * b0.y + x[2] * b0.z + x[3] * b0.w + x[4] * b1.x +
-                  x[5] * b1.y + x[6] * b1.z + x[7] * b1.w;
+      for (int r = 0; r < kRows; ++r) {
+        float x[8];
+        half8_to_f32<kType>(w[r][t], x);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          const float4 b0 = *reinterpret_cast<const float4*>(b + c * K + k);
+          const float4 b1 = *reinterpret_cast<const float4*>(b + c * K + k + 4);
+          acc[r][c] += x[0] * b0.x + x[1] * b0.y + x[2] * b0.z + x[3] * b0.w + x[4] * b1.x +
+                       x[5] * b1.y + x[6] * b1.z + x[7] * b1.w;
+        }
       }
     }
   }
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) {
-    const float v = warp_sum(acc[c]);
-    if (lane == 0) out[int64_t(c) * M + row] = v;
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[r][c] = warp_sum(acc[r][c]);
+}
+
+// Up to kMaxHalfParts matrices multiplying the same b: rows [row_start[p], row_start[p + 1]) of
+// the grid are part p's; out[p] is [M_p, kCols].
+struct HalfParts {
+  const uint8_t* a[kMaxHalfParts];
+  int64_t row_stride[kMaxHalfParts];
+  float* out[kMaxHalfParts];
+  int row_start[kMaxHalfParts + 1];
+};
+
+template <DType kType, int kCols>
+__global__ __launch_bounds__(kHalfWarps * 32) void half_matvec_kernel(
+    const __grid_constant__ HalfParts parts, int n_parts, int64_t K, const float* b) {
+  const int r = blockIdx.x * kHalfWarps + threadIdx.x / 32;
+  if (r >= parts.row_start[n_parts]) return;
+  int p = 0;
+#pragma unroll
+  for (int k = 1; k < kMaxHalfParts; ++k) p += k < n_parts && r >= parts.row_start[k];
+  const int row = r - parts.row_start[p], M = parts.row_start[p + 1] - parts.row_start[p];
+  const uint4* const rows[1] = {reinterpret_cast<const uint4*>(parts.a[p] + row * parts.row_stride[p])};
+  float acc[1][kCols];
+  half_rows_dot<kType, kCols, 1>(rows, K, b, acc);
+  if (threadIdx.x % 32 == 0) {
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) parts.out[p][int64_t(c) * M + row] = acc[0][c];
+  }
+}
+
+// Gate (part 0) and up (part 1), M rows each, and glu = silu(gate) * up, as SwiGlu computes it.
+template <DType kType, int kCols>
+__global__ __launch_bounds__(kHalfWarps * 32) void half_gate_up_kernel(
+    const __grid_constant__ HalfParts parts, int64_t K, const float* b, float* glu) {
+  const int row = blockIdx.x * kHalfWarps + threadIdx.x / 32;
+  const int M = parts.row_start[1];
+  if (row >= M) return;
+  const uint4* const rows[2] = {
+      reinterpret_cast<const uint4*>(parts.a[0] + row * parts.row_stride[0]),
+      reinterpret_cast<const uint4*>(parts.a[1] + row * parts.row_stride[1])};
+  float acc[2][kCols];
+  half_rows_dot<kType, kCols, 2>(rows, K, b, acc);
+  if (threadIdx.x % 32 == 0) {
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int64_t i = int64_t(c) * M + row;
+      const float g = acc[0][c], u = acc[1][c];
+      parts.out[0][i] = g;
+      parts.out[1][i] = u;
+      glu[i] = g / (1.0f + expf(-g)) * u;
+    }
   }
 }
 
 // The streaming kernel covers one 2-D weight matrix of contiguous, 16-byte aligned rows, K a
 // multiple of 256, and 1 to kMatvecMaxColumns contiguous, aligned columns of b.
 bool half_matvec_fits(const NodeExecution& e) {
+  if (e.node->op != OpKind::MatMul) return false;
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
   const TensorDesc& o = *e.output.desc;
@@ -92,26 +149,82 @@ bool half_matvec_fits(const NodeExecution& e) {
   return (a.dtype == DType::F16 || a.dtype == DType::BF16) && b.dtype == DType::F32 &&
          b.ne[1] >= 1 && b.ne[1] <= kMatvecMaxColumns && a.ne[2] * a.ne[3] == 1 &&
          b.ne[2] * b.ne[3] == 1 && a.ne[0] % kHalfChunk == 0 && a.nb[0] == 2 &&
-         a.nb[1] % 16 == 0 && a.ne[1] <= INT_MAX && b.is_contiguous() && o.is_contiguous() &&
+         a.nb[1] % 16 == 0 && a.ne[1] <= INT_MAX / 4 && b.is_contiguous() && o.is_contiguous() &&
          aligned(e.inputs[0].data) && aligned(e.inputs[1].data);
 }
 
-void launch_half_matvec(const OpContext& ctx, const NodeExecution& e) {
-  const TensorDesc& a = *e.inputs[0].desc;
-  const TensorDesc& b = *e.inputs[1].desc;
-  const int M = int(a.ne[1]);
-  const dim3 grid(unsigned((M + kHalfWarps - 1) / kHalfWarps));
-  const auto* ap = static_cast<const uint8_t*>(e.inputs[0].data);
-  const auto* bp = static_cast<const float*>(e.inputs[1].data);
-  auto* op = static_cast<float*>(e.output.data);
+HalfParts half_parts(std::span<const NodeExecution> execs) {
+  HalfParts parts{};
+  for (size_t i = 0; i < execs.size(); ++i) {
+    const TensorDesc& a = *execs[i].inputs[0].desc;
+    parts.a[i] = static_cast<const uint8_t*>(execs[i].inputs[0].data);
+    parts.row_stride[i] = a.nb[1];
+    parts.out[i] = static_cast<float*>(execs[i].output.data);
+    parts.row_start[i + 1] = parts.row_start[i] + int(a.ne[1]);
+  }
+  return parts;
+}
+
+// execs: 1 to kMaxHalfParts products of the same b (half_matvec_fits, equal dtype and K); with
+// glu, gate and up of equal M and the SwiGlu output they feed.
+void launch_half_matvec(const OpContext& ctx, std::span<const NodeExecution> execs,
+                        float* glu = nullptr) {
+  const TensorDesc& a = *execs[0].inputs[0].desc;
+  const TensorDesc& b = *execs[0].inputs[1].desc;
+  const HalfParts parts = half_parts(execs);
+  const int n = int(execs.size());
+  const int rows = glu ? parts.row_start[1] : parts.row_start[n];
+  const dim3 grid(unsigned((rows + kHalfWarps - 1) / kHalfWarps));
+  const auto* bp = static_cast<const float*>(execs[0].inputs[1].data);
+  const bool f16 = a.dtype == DType::F16;
   with_columns(b.ne[1], [&](auto cols) {
-    auto kernel = a.dtype == DType::F16 ? half_matvec_kernel<DType::F16, cols()>
-                                        : half_matvec_kernel<DType::BF16, cols()>;
-    ctx.check(launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0, kernel, ap,
-                                  int64_t(a.nb[1]), M, int64_t(a.ne[0]), bp, op),
-              "matmul", "kernel launch");
+    cudaError_t err;
+    if (glu) {
+      auto kernel = f16 ? half_gate_up_kernel<DType::F16, cols()>
+                        : half_gate_up_kernel<DType::BF16, cols()>;
+      err = launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0, kernel, parts,
+                                int64_t(a.ne[0]), bp, glu);
+    } else {
+      auto kernel = f16 ? half_matvec_kernel<DType::F16, cols()>
+                        : half_matvec_kernel<DType::BF16, cols()>;
+      err = launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0, kernel, parts, n,
+                                int64_t(a.ne[0]), bp);
+    }
+    ctx.check(err, "matmul", "kernel launch");
   });
 }
+
+}  // namespace
+
+size_t run_fused_half_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment) {
+  if (segment.size() < 2 || !half_matvec_fits(segment[0])) return 0;
+  const NodeExecution& first = segment[0];
+  size_t n = 1;
+  while (n < segment.size() && n < size_t(kMaxHalfParts) && half_matvec_fits(segment[n]) &&
+         segment[n].inputs[1].data == first.inputs[1].data &&
+         segment[n].inputs[1].desc->ne == first.inputs[1].desc->ne &&
+         segment[n].inputs[0].desc->dtype == first.inputs[0].desc->dtype &&
+         segment[n].inputs[0].desc->ne[0] == first.inputs[0].desc->ne[0]) {
+    ++n;
+  }
+  if (n < 2) return 0;
+  if (n == 2 && segment.size() > 2) {
+    const NodeExecution& glu = segment[2];
+    const TensorDesc& out = *first.output.desc;
+    if (glu.node->op == OpKind::SwiGlu && glu.inputs[0].data == first.output.data &&
+        glu.inputs[1].data == segment[1].output.data && glu.inputs[0].desc->ne == out.ne &&
+        glu.inputs[1].desc->ne == out.ne && segment[1].output.desc->ne == out.ne &&
+        glu.output.desc->ne == out.ne && glu.output.desc->dtype == DType::F32 &&
+        glu.output.desc->is_contiguous()) {
+      launch_half_matvec(ctx, segment.first(2), static_cast<float*>(glu.output.data));
+      return 3;
+    }
+  }
+  launch_half_matvec(ctx, segment.first(n));
+  return n;
+}
+
+namespace {
 
 size_t matmul_scratch_bytes(const NodeExecution& e, int /*sm_count*/) {
   const TensorDesc& a = *e.inputs[0].desc;
@@ -173,7 +286,7 @@ void run_matmul(const OpContext& ctx, const NodeExecution& e) {
     return;
   }
   if (half_matvec_fits(e)) {
-    launch_half_matvec(ctx, e);
+    launch_half_matvec(ctx, std::span<const NodeExecution>(&e, 1));
     return;
   }
   // b meets the weights in their own 16-bit type so the tensor cores take both.

@@ -81,6 +81,9 @@ size_t run_fused(const OpContext& ctx, std::span<const NodeExecution> segment,
 // - matrix-vector products of the same b (Q, K and V; gate and up): one launch, one
 //   quantization of b (quantized_matmul.cu);
 size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment);
+// - f16/bf16 matrix-vector products of the same b (Q, K and V): one launch; gate and up followed
+//   by the SwiGlu of their outputs: one launch that writes all three (matmul.cu);
+size_t run_fused_half_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - a residual Add and the RmsNorm of its sum (norm.cu);
 size_t run_fused_add_rms_norm(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - RoPE of Q and K and the KV-cache writes of K and V at the same positions (rope.cu).
