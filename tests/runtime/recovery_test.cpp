@@ -140,6 +140,44 @@ TEST(Recovery, OutOfMemoryMidRunLowersTheBudgetLikeASmallerBudgetFromTheStart) {
   EXPECT_TRUE(nlohmann::json::parse(b.telemetry_json())["recoveries"].empty());
 }
 
+TEST(Recovery, OutOfMemoryMovesTheWorkToTheNextGpu) {
+  // Two GPUs, the layers split between them; the first runs out while loading its share and
+  // what it cannot hold goes to the second, not to the CPU.
+  auto cpu = test::make_cpu("cpu");
+  auto gpu0 = test::make_gpu("gpu0"), gpu1 = test::make_gpu("gpu1");
+  gpu0->allocation_limit = size_t(200) << 10;
+  Session a(options_with({cpu, gpu0, gpu1}));
+  const auto got = run_steps(a);
+  ASSERT_EQ(a.recoveries().size(), 1u);
+  EXPECT_EQ(a.recoveries()[0].backend, "gpu0");
+  const Placement& p = *a.last_placement();
+  EXPECT_GT(ops_on(p, "gpu0"), 0u);
+  EXPECT_GT(ops_on(p, "gpu1"), 0u);
+  EXPECT_EQ(ops_on(p, "cpu"), 0u);
+  // An op gpu0 would have run says why it did not.
+  bool refused = false;
+  for (const BackendSelection& sel : p.nodes) {
+    if (!sel.backend || sel.backend->backend_id() != "gpu1") continue;
+    for (const RejectedCandidate& c : sel.rejected) {
+      refused = refused || (c.backend_id == "gpu0" && c.reason == RejectReason::OutOfMemory &&
+                            c.detail.find("out of memory in step 1") != std::string::npos);
+    }
+  }
+  EXPECT_TRUE(refused);
+
+  auto clean_cpu = test::make_cpu("cpu");
+  auto clean0 = test::make_gpu("gpu0"), clean1 = test::make_gpu("gpu1");
+  SessionOptions o = options_with({clean_cpu, clean0, clean1});
+  o.gpu_memory_by_id["gpu0"] = a.scheduler().memory_budget("gpu0");
+  Session b(o);
+  const auto want = run_steps(b);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;
+  EXPECT_EQ(p.ops_per_backend(), b.last_placement()->ops_per_backend());
+  EXPECT_EQ(gpu0->allocated_bytes, clean0->allocated_bytes);
+  EXPECT_EQ(gpu0->allocated_bytes, a.executor().device_bytes("gpu0"));
+}
+
 TEST(Recovery, OutOfMemoryInALaterStepKeepsWhatTheDeviceHolds) {
   // The first step fits; then the device can allocate nothing more, so a longer step's
   // activations do not fit. Its budget drops to what it holds, which it keeps (nothing is
