@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace tandem {
 
@@ -28,11 +29,16 @@ class Error : public std::runtime_error {
   ErrorCode code() const { return code_; }
   const std::string& where() const { return where_; }
   const std::string& message() const { return message_; }
+  // The backend whose failure this reports, where the caller of the backend knows it (the
+  // executor tags out-of-memory and device errors); empty otherwise.
+  const std::string& backend() const { return backend_; }
+  void set_backend(std::string backend_id) { backend_ = std::move(backend_id); }
 
  private:
   ErrorCode code_;
   std::string where_;
   std::string message_;
+  std::string backend_;
 };
 
 [[noreturn]] void throw_error(ErrorCode code, std::string where, std::string message);

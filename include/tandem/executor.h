@@ -106,10 +106,19 @@ class HybridExecutor {
   void preload(const Graph& graph, const Placement& placement, const Progress& progress = {});
   // Frees a weight's device copies (it stays bound).
   void evict_weight(std::string_view name);
+  // Frees what is held on a backend beyond `keep`: its weight copies and KV caches that `keep`
+  // does not list (they leave residency()), and every compiled plan (their arenas). After a
+  // failed step, `keep` = the residency before it frees what the step allocated; an empty
+  // `keep` frees everything there (a lost device). Returns the names of the KV caches freed:
+  // their contents are gone, and the next run that needs one creates it zero-filled.
+  std::vector<std::string> release(std::string_view backend_id, const Residency& keep = {});
 
   // Persistent tensors on each backend: pass to HybridScheduler::plan.
   const Residency& residency() const;
   size_t resident_bytes(std::string_view backend_id) const;
+  // Device memory held on a backend: its resident weights and KV caches and the arenas of the
+  // cached plans there (host-accessible backends: their resident bytes only).
+  size_t device_bytes(std::string_view backend_id) const;
 
   // Runs the graph. Throws on bad bindings (before anything runs) and on backend errors (after
   // synchronizing every backend); outputs are written only when everything succeeded.

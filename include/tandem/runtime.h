@@ -18,6 +18,7 @@
 
 #include "tandem/backend.h"
 #include "tandem/calibration.h"
+#include "tandem/error.h"
 #include "tandem/executor.h"
 #include "tandem/model/gguf.h"
 #include "tandem/model/llama_config.h"
@@ -33,6 +34,9 @@ inline constexpr int64_t kPlanPrefillTokens = 512;
 
 struct SessionOptions {
   std::string model_path;
+  // The backends to run on instead of the registry's (available_backends()); empty: those.
+  // For programs that bring their own backend, and for tests.
+  std::vector<std::shared_ptr<Backend>> backends;
   std::string strategy = "gpu";                      // gpu | cpu | auto | only:ID
   std::optional<uint64_t> gpu_memory;                // persistent-memory budget for every GPU
   std::map<std::string, uint64_t> gpu_memory_by_id;  // per GPU ("cuda:1"), over gpu_memory
@@ -46,6 +50,8 @@ struct SessionOptions {
   // decode steps can run as one graph (Session::decode_batch).
   int n_sequences = 1;
   DType kv_dtype = DType::F16;
+  // Every fallback is an error, and so is a device that runs out of memory or is lost during
+  // a step (without it the step moves to the other backends; see Session::recoveries()).
   bool strict = false;
   std::vector<TensorPin> pins;  // --override-tensor style pins
   // llama.cpp -ngl: layers >= N (weights and KV cache), the token embedding and, below
@@ -74,6 +80,18 @@ struct PhasePlan {
   const Graph* graph = nullptr;
   std::shared_ptr<const Placement> placement;
   double predicted_us = 0.0;  // the cost model's step time
+};
+
+// A device that failed during a step, and what the session did so the step could run again:
+// out of memory, its budget lowered to what it held and the step planned again; lost, its
+// weights read again from the model file where the new placement needs them and the KV caches
+// it held rebuilt by evaluating the sequence's earlier tokens again.
+struct Recovery {
+  ErrorCode error = ErrorCode::OutOfMemory;  // OutOfMemory or DeviceLost
+  std::string backend;                       // the device
+  int64_t step = 0;                          // the step it happened in (1: the first)
+  std::string what;                          // the device's error
+  std::string action;                        // what the session did
 };
 
 struct GenerateOptions {
@@ -134,7 +152,7 @@ class Session {
   GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& options,
                           const TokenCallback& on_token = {});
   // Forgets the context (positions restart at 0; the cache is overwritten as it refills).
-  void reset() { past_[0] = 0; }
+  void reset() { reset(0); }
 
   // Several sequences (SessionOptions::n_sequences), each with its own KV cache and positions;
   // the members above act on sequence 0.
@@ -160,7 +178,8 @@ class Session {
   // The placement of the most recent step (nullptr before the first).
   const Placement* last_placement() const { return last_placement_.get(); }
   const Graph* last_graph() const { return last_graph_; }
-  // "cuda:0 301 ops, cpu 12 ops; resident: cuda:0 4312.50 MiB cpu 0.00 MiB"
+  // "cuda:0 301 ops, cpu 12 ops; resident: cuda:0 4312.50 MiB cpu 0.00 MiB", then
+  // "; recovered: cuda:0 lost in step 3" after a device failed.
   std::string placement_summary() const;
   // {"strategy", "summary", "backends": [{id, kind, ops, resident_bytes, budget_bytes}],
   //  "phases": [{name, n_tokens, predicted_us, ops: {backend: n}}]}: plans the phases when no
@@ -168,18 +187,40 @@ class Session {
   std::string placement_json();
   // {"ops", "transfers", "transfer_bytes", "actual_us", "estimated_us", "graph_us",
   //  "backends": {id: {ops, actual_us, estimated_us, transfers_in, transfer_bytes}},
-  //  "tokens": {"evaluated", "generated"}}
+  //  "tokens": {"evaluated", "generated"},
+  //  "recoveries": [{error, backend, step, what, action}]}
   std::string telemetry_json() const;
   // The cost model the scheduler was built with, refined by every timed op when learning.
   const LoadedCostModel& costs() const { return costs_; }
   // Writes what was learned back to the cost profile (no-op without one or without learning).
   void save_learned();
+  // Every device failure this session recovered from, oldest first.
+  const std::vector<Recovery>& recoveries() const { return recoveries_; }
 
  private:
   const LlamaGraph& graph_for(int64_t n_tokens, bool all_logits, int sequence = 0);
   void check_step(int sequence, std::span<const int32_t> tokens) const;
-  // Plans and runs one step of `lg` over tokens (positions_ set by the caller).
+  // Plans and runs one step of `lg` over tokens (positions_ set by the caller), recovering
+  // from a device that fails during it (run_recovering).
   std::span<const float> run_step(const LlamaGraph& lg, std::span<const int32_t> tokens);
+  // execute_step until it succeeds: after each failure a device caused (out of memory, lost),
+  // recover() moves the work off it and the step runs again; other errors, a failure under
+  // strict and one past kMaxStepRecoveries are thrown.
+  void run_recovering(const LlamaGraph& lg, std::span<const int32_t> tokens,
+                      std::span<const int32_t> positions, std::span<float> logits);
+  // Plans, uploads and runs one step once.
+  void execute_step(const LlamaGraph& lg, std::span<const int32_t> tokens,
+                    std::span<const int32_t> positions, std::span<float> logits);
+  // False where the failure is not one a device caused (or nothing is left to move).
+  bool recover(const Error& error);
+  bool recover_lost(const Error& error, const std::vector<std::string>& lost);
+  bool recover_out_of_memory(const Error& error);
+  // After a failure: the next step plans again (uploads, auto's residency) and, where `freed`
+  // KV caches were freed, refills them by evaluating each sequence's tokens so far again.
+  // Returns what it rebuilt, for the recovery's action ("" when nothing).
+  std::string rebuild_caches(size_t freed);
+  // Appends a step's tokens to the sequence's history (the tokens at positions 0..n_past).
+  void remember(int sequence, std::span<const int32_t> tokens);
   void plan_residency(int64_t n_prompt);
   void size_logits(size_t n);
   void learn_from(const Graph& graph);
@@ -203,6 +244,16 @@ class Session {
   std::vector<float> logits_host_;
   int64_t n_ctx_ = 0;
   std::vector<int64_t> past_ = {0};  // positions used, per sequence
+  // Per sequence: the tokens at positions [0, n_past), to rebuild a KV cache a device lost.
+  std::vector<std::vector<int32_t>> history_ = {{}};
+  bool strict_ = false;
+  int64_t steps_run_ = 0;
+  // What the executor held when the current step started (out of memory: the step's own
+  // allocations are freed); copied only when it changed.
+  Residency residency_before_;
+  std::vector<std::string> lost_;  // devices already recovered from
+  std::vector<Recovery> recoveries_;
+  bool residency_stale_ = false;  // auto: a device failed, where things live is decided again
   DType kv_dtype_ = DType::F16;
   std::string strategy_name_;
   bool residency_planned_ = false;  // auto: plan_residency ran (kept off the per-token path)

@@ -291,6 +291,11 @@ class HybridScheduler {
   bool strict() const;
   double switch_threshold() const;
   size_t memory_budget(std::string_view backend_id) const;
+  // Changes a backend's budget after build(), e.g. lowered to what a device really holds after
+  // it ran out of memory in a step; `why` is added to the detail of every MemoryConstraint the
+  // budget causes. Clears cached plans and, under Automatic, the residency plan (the next plan
+  // decides again). Not while plan() runs on another thread.
+  void set_memory_budget(std::string_view backend_id, size_t bytes, std::string why = {});
   const CostModel& cost_model() const;
   size_t cached_plans() const;
   void clear_cache();

@@ -126,6 +126,10 @@ void add_run(CLI::App& app, std::function<int()>& run) {
                    generated > 0 ? double(generated) / gen_s : 0.0);
       if (o->seed == -1) std::fprintf(stderr, "seed: %llu\n", (unsigned long long)sp.seed);
       std::fprintf(stderr, "placement: %s\n", engine.placement_summary().c_str());
+      for (const Recovery& r : engine.recoveries()) {
+        std::fprintf(stderr, "warning: step %lld: %s; %s %s\n", (long long)r.step, r.what.c_str(),
+                     r.backend.c_str(), r.action.c_str());
+      }
       engine.executor().telemetry().print_debug_summary(std::cerr);
       if (o->stats || o->learn_every > 0) {
         print_estimate_report(estimate_report(engine.executor().telemetry().get_telemetry()),

@@ -9,12 +9,16 @@
 
 #include "capacity.h"
 #include "gpu_setup.h"
+#include "tandem/bytes.h"
 #include "tandem/error.h"
 #include "tandem/registry.h"
 
 namespace tandem {
 
 namespace {
+
+// Failures one step recovers from before it gives up (each lowers a budget or drops a device).
+constexpr int kMaxStepRecoveries = 8;
 
 // The stream warnings go to when the caller wants none.
 std::ostream& null_stream() {
@@ -60,7 +64,10 @@ Session::Session(const SessionOptions& options)
   std::vector<TensorPin> pins = options.pins;
   BackendOptions backend_options;
   backend_options.cpu_threads = options.threads;
-  auto backends = available_backends(backend_options);
+  auto backends = options.backends.empty() ? available_backends(backend_options) : options.backends;
+  for (const auto& b : backends)
+    TANDEM_CHECK_ARG(b != nullptr, "session",
+                     "a backend given in SessionOptions::backends is null");
   const GpuSetup gpus = setup_gpus(backends, options, strategy, int(config_.n_layer));
   Capacity capacity;
   for (const auto& t : file_.tensors()) capacity.weights_bytes += double(t.bytes);
@@ -69,6 +76,8 @@ Session::Session(const SessionOptions& options)
   TANDEM_CHECK_ARG(options.n_sequences >= 1, "session",
                    "n_sequences must be >= 1 (got " + std::to_string(options.n_sequences) + ")");
   past_.assign(size_t(options.n_sequences), 0);
+  history_.assign(size_t(options.n_sequences), {});
+  strict_ = options.strict;
   capacity.kv_bytes = kv_cache_bytes(config_, n_ctx_, kv_dtype_) * double(options.n_sequences);
   add_gpu_budgets(capacity, backends, gpus, strategy);
   capacity.host_bytes = double(host_available_bytes());
@@ -137,6 +146,13 @@ int64_t Session::n_past(int sequence) const {
 void Session::reset(int sequence) {
   n_past(sequence);  // checks the id
   past_[size_t(sequence)] = 0;
+  history_[size_t(sequence)].clear();
+}
+
+void Session::remember(int sequence, std::span<const int32_t> tokens) {
+  std::vector<int32_t>& h = history_[size_t(sequence)];
+  h.resize(size_t(past_[size_t(sequence)]));
+  h.insert(h.end(), tokens.begin(), tokens.end());
 }
 
 void Session::check_step(int sequence, std::span<const int32_t> tokens) const {
@@ -164,6 +180,7 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_l
   positions_.resize(size_t(n));
   std::iota(positions_.begin(), positions_.end(), int32_t(past_[0]));
   run_step(lg, tokens);
+  remember(0, tokens);
   past_[0] += n;
   return logits_;
 }
@@ -175,6 +192,7 @@ std::span<const float> Session::eval_sequence(int sequence, std::span<const int3
   positions_.resize(size_t(n));
   std::iota(positions_.begin(), positions_.end(), int32_t(past_[size_t(sequence)]));
   run_step(lg, tokens);
+  remember(sequence, tokens);
   past_[size_t(sequence)] += n;
   return logits_;
 }
@@ -197,14 +215,40 @@ std::span<const float> Session::decode_batch(std::span<const int> sequences,
   for (size_t r = 0; r < sequences.size(); ++r)
     positions_[r] = int32_t(past_[size_t(sequences[r])]);
   run_step(it->second, tokens);
-  for (int s : sequences) past_[size_t(s)] += 1;
+  for (size_t r = 0; r < sequences.size(); ++r) {
+    remember(sequences[r], tokens.subspan(r, 1));
+    past_[size_t(sequences[r])] += 1;
+  }
   return logits_;
 }
 
 std::span<const float> Session::run_step(const LlamaGraph& lg, std::span<const int32_t> tokens) {
-  const int64_t n = int64_t(tokens.size());
   size_logits(size_t(lg.graph.tensor(lg.logits).elements()));
+  ++steps_run_;
+  run_recovering(lg, tokens, positions_, logits_);
+  tokens_evaluated_ += int64_t(tokens.size());
+  return logits_;
+}
 
+void Session::run_recovering(const LlamaGraph& lg, std::span<const int32_t> tokens,
+                             std::span<const int32_t> positions, std::span<float> logits) {
+  for (int attempt = 0;; ++attempt) {
+    // What a failed attempt allocated is what it holds beyond this (compared by hash: copied
+    // only when it changed, so not on every token).
+    if (executor_->residency().hash() != residency_before_.hash())
+      residency_before_ = executor_->residency();
+    try {
+      execute_step(lg, tokens, positions, logits);
+      return;
+    } catch (const Error& e) {
+      if (attempt >= kMaxStepRecoveries || !recover(e)) throw;
+    }
+  }
+}
+
+void Session::execute_step(const LlamaGraph& lg, std::span<const int32_t> tokens,
+                           std::span<const int32_t> positions, std::span<float> logits) {
+  const int64_t n = int64_t(tokens.size());
   plan_residency(kPlanPrefillTokens);
   last_placement_ = scheduler_->plan(lg.graph, executor_->residency());
   last_graph_ = &lg.graph;
@@ -216,8 +260,8 @@ std::span<const float> Session::run_step(const LlamaGraph& lg, std::span<const i
   }
   Bindings bindings;
   bindings.input(lg.tokens, tokens.data(), tokens.size_bytes())
-      .input(lg.positions, positions_.data(), positions_.size() * sizeof(int32_t))
-      .output(lg.logits, logits_.data(), logits_.size() * sizeof(float));
+      .input(lg.positions, positions.data(), positions.size_bytes())
+      .output(lg.logits, logits.data(), logits.size_bytes());
   if (lg.rows != kNoTensor) {
     rows_.resize(size_t(n));
     std::iota(rows_.begin(), rows_.end(), 0);
@@ -227,11 +271,129 @@ std::span<const float> Session::run_step(const LlamaGraph& lg, std::span<const i
   const bool sampled = learn_ && learn_every_ > 0 && ++steps_ % learn_every_ == 0;
   const TimingMode timing = executor_->options().timing;
   if (sampled) executor_->set_timing(TimingMode::PerOp);
-  executor_->run(lg.graph, *last_placement_, bindings);
+  try {
+    executor_->run(lg.graph, *last_placement_, bindings);
+  } catch (...) {
+    if (sampled) executor_->set_timing(timing);
+    throw;
+  }
   if (sampled) executor_->set_timing(timing);
   if (learn_ && (sampled || learn_every_ == 0)) learn_from(lg.graph);
-  tokens_evaluated_ += n;
-  return logits_;
+}
+
+bool Session::recover(const Error& error) {
+  // A device that reports itself lost (its error may surface as another one, e.g. a copy that
+  // read from it), whichever backend the error names.
+  std::vector<std::string> lost;
+  for (const auto& b : scheduler_->backends()) {
+    if (b->lost() && std::find(lost_.begin(), lost_.end(), b->backend_id()) == lost_.end())
+      lost.push_back(b->backend_id());
+  }
+  if (!lost.empty()) return recover_lost(error, lost);
+  if (error.code() == ErrorCode::OutOfMemory) return recover_out_of_memory(error);
+  return false;
+}
+
+namespace {
+
+std::string others_than(const std::vector<std::shared_ptr<Backend>>& backends) {
+  std::string s;
+  for (const auto& b : backends) {
+    if (!b->lost()) s += (s.empty() ? "" : ", ") + b->backend_id();
+  }
+  return s.empty() ? "no backend" : s;
+}
+
+}  // namespace
+
+bool Session::recover_lost(const Error& error, const std::vector<std::string>& lost) {
+  std::string ids;
+  for (const std::string& id : lost) ids += (ids.empty() ? "" : ", ") + id;
+  const std::string step = std::to_string(steps_run_);
+  if (strict_) {
+    Error e(ErrorCode::DeviceLost, "session",
+            ids + " was lost during step " + step + " (" + error.what() +
+                "); --strict forbids moving its work to the other backends (" +
+                others_than(scheduler_->backends()) +
+                "): run again without --strict to continue on them, or once the device is reset");
+    e.set_backend(lost.front());
+    throw e;
+  }
+  // Everything the lost devices held is gone: weights are read again from the model file where
+  // the next placement wants them, KV caches are rebuilt.
+  size_t caches = 0;
+  for (const std::string& id : lost) {
+    caches += executor_->release(id).size();
+    lost_.push_back(id);
+  }
+  const std::string action =
+      "marked lost; the step planned again on " + others_than(scheduler_->backends()) +
+      ", the weights it held read again from the model file" + rebuild_caches(caches);
+  for (const std::string& id : lost)
+    recoveries_.push_back({ErrorCode::DeviceLost, id, steps_run_, error.what(), action});
+  return true;
+}
+
+bool Session::recover_out_of_memory(const Error& error) {
+  const std::string& id = error.backend();
+  const int b = scheduler_->backend_index(id);
+  // Host memory has no budget to lower; an error naming no backend cannot be moved.
+  if (b == kNoBackend || scheduler_->backends()[size_t(b)]->host_accessible()) return false;
+  const std::string step = std::to_string(steps_run_);
+  if (strict_) {
+    Error e(ErrorCode::OutOfMemory, "session",
+            id + " ran out of memory during step " + step + " (" + error.what() +
+                "); --strict forbids moving its work to another backend: give it a smaller "
+                "budget (--gpu-mem) or run without --strict");
+    e.set_backend(id);
+    throw e;
+  }
+  // The budget drops to what the device held when it ran out (weights and KV caches that
+  // fit); where that is no lower, to what it held before the step, then to nothing.
+  const size_t budget = scheduler_->memory_budget(id);
+  size_t lower = executor_->resident_bytes(id);
+  if (lower >= budget) lower = residency_before_.resident_bytes(id);
+  if (lower >= budget) lower = 0;
+  if (lower >= budget && executor_->resident_bytes(id) == 0) return false;
+  const std::string why = "budget lowered from " + format_bytes(budget) + " to " +
+                          format_bytes(lower) + ": out of memory in step " + step;
+  scheduler_->set_memory_budget(id, lower, why);
+  std::string action = why + "; the step planned again";
+  if (lower > 0) {
+    // Frees what the failed attempt allocated there (its uploads, new caches, arenas): caches
+    // it created hold nothing yet.
+    executor_->release(id, residency_before_);
+    rebuild_caches(0);
+  } else {
+    // Not even what it held before fits beside the step (the ops on its KV caches run there
+    // whatever the budget): it keeps nothing, its caches are rebuilt elsewhere.
+    action += ", everything it held freed" + rebuild_caches(executor_->release(id).size());
+  }
+  recoveries_.push_back({ErrorCode::OutOfMemory, id, steps_run_, error.what(), action});
+  return true;
+}
+
+std::string Session::rebuild_caches(size_t freed) {
+  // Placements change after a failure: planned again, and where weights live too (auto).
+  uploaded_for_.reset();
+  residency_planned_ = false;
+  residency_stale_ = true;
+  if (freed == 0) return "";
+  // The caches of every sequence are refilled by evaluating its tokens so far again (those
+  // left on other devices are rewritten with the same values).
+  int64_t tokens = 0;
+  for (int s = 0; s < n_sequences(); ++s) {
+    const int64_t past = past_[size_t(s)];
+    if (past == 0) continue;
+    std::vector<int32_t> positions(static_cast<size_t>(past));
+    std::iota(positions.begin(), positions.end(), 0);
+    const LlamaGraph& lg = graph_for(past, false, s);
+    std::vector<float> logits(size_t(lg.graph.tensor(lg.logits).elements()));
+    run_recovering(lg, std::span(history_[size_t(s)]).first(size_t(past)), positions, logits);
+    tokens += past;
+  }
+  return ", " + std::to_string(freed) + " KV caches it held rebuilt by evaluating " +
+         std::to_string(tokens) + " earlier tokens again";
 }
 
 void Session::size_logits(size_t n) {
@@ -239,9 +401,12 @@ void Session::size_logits(size_t n) {
   // 256 MB); growing re-allocates, which steps of the same size never do.
   constexpr size_t kMaxPinnedBytes = size_t(64) << 20;
   const size_t bytes = n * sizeof(float);
+  // Memory a lost device page-locked is not used again (its context is gone).
+  if (logits_pinned_ && logits_pinned_.owner()->lost()) logits_pinned_.reset();
   if (logits_pinned_.bytes() < bytes && bytes <= kMaxPinnedBytes) {
     logits_pinned_.reset();
     for (const auto& b : executor_->backends()) {
+      if (b->lost()) continue;
       try {
         logits_pinned_ = b->allocate_host(bytes);
       } catch (const Error&) {
@@ -261,8 +426,11 @@ void Session::size_logits(size_t n) {
 void Session::plan_residency(int64_t n_prompt) {
   if (residency_planned_) return;
   residency_planned_ = true;
-  if (scheduler_->strategy().kind != Strategy::Kind::Automatic || scheduler_->residency_plan())
+  // A residency plan made beforehand (plan_phases) is kept, unless a device failed since.
+  if (scheduler_->strategy().kind != Strategy::Kind::Automatic ||
+      (scheduler_->residency_plan() && !residency_stale_))
     return;
+  residency_stale_ = false;
   // Where weights and KV caches live is decided once, for prefill and decode together.
   const Graph* phases[] = {&graph_for(std::clamp<int64_t>(n_prompt, 1, n_ctx_), false).graph,
                            &graph_for(1, false).graph};
@@ -324,6 +492,11 @@ std::string Session::placement_summary() const {
     std::snprintf(buf, sizeof buf, " %s %.2f MiB", b->backend_id().c_str(),
                   double(executor_->resident_bytes(b->backend_id())) / double(1 << 20));
     os << buf;
+  }
+  for (size_t i = 0; i < recoveries_.size(); ++i) {
+    const Recovery& r = recoveries_[i];
+    os << (i ? ", " : "; recovered: ") << r.backend << " "
+       << (r.error == ErrorCode::DeviceLost ? "lost" : "out of memory") << " in step " << r.step;
   }
   return os.str();
 }

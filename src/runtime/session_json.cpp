@@ -56,6 +56,15 @@ std::string Session::placement_json() {
 std::string Session::telemetry_json() const {
   nlohmann::json out = nlohmann::json::parse(executor_->telemetry().summary_json());
   out["tokens"] = {{"evaluated", tokens_evaluated_}, {"generated", tokens_generated_}};
+  nlohmann::json recoveries = nlohmann::json::array();
+  for (const Recovery& r : recoveries_) {
+    recoveries.push_back({{"error", std::string(error_code_name(r.error))},
+                          {"backend", r.backend},
+                          {"step", r.step},
+                          {"what", r.what},
+                          {"action", r.action}});
+  }
+  out["recoveries"] = std::move(recoveries);
   return out.dump();
 }
 

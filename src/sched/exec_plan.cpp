@@ -158,8 +158,11 @@ void* HybridExecutor::Impl::upload(WeightEntry& w, int backend) {
   Buffer& buf = w.device[size_t(backend)];
   if (!buf) {
     Backend& b = *backends[size_t(backend)];
-    Buffer fresh = b.allocate(w.bytes);
-    b.copy_from_host(fresh.data(), w.host, w.bytes);
+    Buffer fresh = on_backend(backend, [&] {
+      Buffer f = b.allocate(w.bytes);
+      b.copy_from_host(f.data(), w.host, w.bytes);
+      return f;
+    });
     buf = std::move(fresh);
     residency.add(b.backend_id(), name, w.bytes);
     stats.weight_uploads++;
@@ -176,8 +179,10 @@ CacheEntry& HybridExecutor::Impl::cache_at(const std::string& name, const Tensor
     e.name = name;
     e.bytes = desc.bytes();
     e.home = backend;
-    e.buffer = b.allocate(e.bytes);
-    zero_fill(b, e.buffer.data(), e.bytes);
+    on_backend(backend, [&] {
+      e.buffer = b.allocate(e.bytes);
+      zero_fill(b, e.buffer.data(), e.bytes);
+    });
     residency.add(b.backend_id(), name, e.bytes);
     return caches.emplace(name, std::move(e)).first->second;
   }
@@ -192,11 +197,16 @@ CacheEntry& HybridExecutor::Impl::cache_at(const std::string& name, const Tensor
   // The placement wants the cache elsewhere: move its contents through host memory.
   Backend& old = *backends[size_t(e.home)];
   std::vector<uint8_t> host(e.bytes);
-  old.synchronize();
-  old.copy_to_host(host.data(), e.buffer.data(), e.bytes);
-  Buffer fresh = b.allocate(e.bytes);
-  b.copy_from_host(fresh.data(), host.data(), e.bytes);
-  b.synchronize();
+  on_backend(e.home, [&] {
+    old.synchronize();
+    old.copy_to_host(host.data(), e.buffer.data(), e.bytes);
+  });
+  Buffer fresh = on_backend(backend, [&] {
+    Buffer f = b.allocate(e.bytes);
+    b.copy_from_host(f.data(), host.data(), e.bytes);
+    b.synchronize();
+    return f;
+  });
   residency.remove(old.backend_id(), name);
   residency.add(b.backend_id(), name, e.bytes);
   e.buffer = std::move(fresh);
@@ -543,7 +553,9 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
       }
     }
     if (!plan->arenas[g]) {
-      plan->arenas[g] = backends[size_t(group_backend[g])]->allocate(arena_bytes[g]);
+      plan->arenas[g] = on_backend(group_backend[g], [&] {
+        return backends[size_t(group_backend[g])]->allocate(arena_bytes[g]);
+      });
     }
   }
   auto resolve = [&](const PtrRef& r) -> void* {

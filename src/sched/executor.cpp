@@ -201,11 +201,64 @@ void HybridExecutor::evict_weight(std::string_view name) {
   if (any) impl_->generation++;
 }
 
+std::vector<std::string> HybridExecutor::release(std::string_view backend_id,
+                                                 const Residency& keep) {
+  std::lock_guard lock(impl_->run_mutex);
+  Impl& m = *impl_;
+  const int b = index_of(m.backends, backend_id);
+  TANDEM_CHECK_ARG(
+      b >= 0, "executor release",
+      "unknown backend '" + std::string(backend_id) + "' (known: " + known_ids(m.backends) + ")");
+  Backend& backend = *m.backends[size_t(b)];
+  // Plans point into the memory freed below: compiled again when next run.
+  m.plans.clear();
+  m.generation++;
+  for (auto& [name, w] : m.weights) {
+    if (backend.lost() && w.streamed[size_t(b)]) {
+      w.streamed[size_t(b)] = false;
+      try {
+        backend.release_stream_source(w.host);
+      } catch (...) {
+      }
+    }
+    if (!w.device[size_t(b)] || keep.contains(backend_id, name)) continue;
+    m.residency.remove(backend_id, name);
+    w.device[size_t(b)].reset();
+  }
+  std::vector<std::string> freed;
+  for (auto it = m.caches.begin(); it != m.caches.end();) {
+    if (it->second.home != b || keep.contains(backend_id, it->first)) {
+      ++it;
+      continue;
+    }
+    m.residency.remove(backend_id, it->first);
+    freed.push_back(it->first);
+    it = m.caches.erase(it);
+  }
+  std::sort(freed.begin(), freed.end());
+  return freed;
+}
+
 const Residency& HybridExecutor::residency() const {
   return impl_->residency;
 }
 size_t HybridExecutor::resident_bytes(std::string_view backend_id) const {
   return impl_->residency.resident_bytes(backend_id);
+}
+
+size_t HybridExecutor::device_bytes(std::string_view backend_id) const {
+  const Impl& m = *impl_;
+  const int b = index_of(m.backends, backend_id);
+  TANDEM_CHECK_ARG(
+      b >= 0, "executor device_bytes",
+      "unknown backend '" + std::string(backend_id) + "' (known: " + known_ids(m.backends) + ")");
+  size_t bytes = m.residency.resident_bytes(backend_id);
+  const int g = m.group[size_t(b)];
+  if (g == 0) return bytes;
+  for (const auto& [key, plan] : m.plans) {
+    if (size_t(g) < plan->arenas.size()) bytes += plan->arenas[size_t(g)].bytes();
+  }
+  return bytes;
 }
 
 bool HybridExecutor::has_kv_cache(std::string_view name) const {
@@ -377,11 +430,23 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
       (void)m.backends[b]->timeline_mark(false);
     }
   }
+  // The backend the run is calling into: an error escaping names it (Error::backend).
+  int active = -1;
+  // After an error: every backend idle; outputs are untouched and all memory stays owned.
+  auto idle_all = [&] {
+    for (auto& b : m.backends) {
+      try {
+        b->synchronize();
+      } catch (...) {
+      }
+    }
+  };
   try {
     for (const Step& step : plan.steps) {
       if (step.kind == StepKind::Stream) {
         const StreamedCopy& c = plan.streamed[step.index];
         Backend& dst = *m.backends[size_t(c.backend)];
+        active = c.backend;
         const double t0 = record ? m.telemetry.now_us() : 0.0;
         const int waited = timeline ? dst.timeline_mark(false) : 0;
         dst.stream_from_host(c.dst_ptr, c.host, c.bytes, c.event);
@@ -405,12 +470,14 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
       }
       if (step.kind == StepKind::Wait) {
         const StreamedCopy& c = plan.streamed[step.index];
+        active = c.backend;
         m.backends[size_t(c.backend)]->wait_stream_event(c.event);
         continue;
       }
       if (step.kind == StepKind::Transfer) {
         const PlannedTransfer& t = plan.transfers[step.index];
         const void* src = t.src_group == kUserInput ? plan.input_data[t.input_index] : t.src_ptr;
+        active = t.src_group > 0 ? t.src_backend : t.dst_backend;
         // Host memory is read or overwritten: host-side work must be done.
         if (t.src_group <= 0 || t.dst_group == 0) sync_host(-1);
         const double t0 = record ? m.telemetry.now_us() : 0.0;
@@ -461,6 +528,7 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
         continue;
       }
       Backend& backend = *m.backends[size_t(step.backend)];
+      active = step.backend;
       if (m.group[size_t(step.backend)] == 0) {
         sync_host(step.backend);
         wait_host_copies();
@@ -523,6 +591,7 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
       plan.output_direct[k] = 0;
       if (!plan.output_dest[k] || o.backend < 0) continue;
       Backend& from = *m.backends[size_t(o.backend)];
+      active = o.backend;
       void* dst = staging + o.staging_offset;
       if (from.host_is_page_locked(plan.output_dest[k], o.bytes)) {
         dst = plan.output_dest[k];
@@ -530,10 +599,13 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
       }
       if (from.download_async(dst, o.src_ptr, o.bytes)) host_copies[size_t(o.backend)] = true;
     }
+    active = -1;
     wait_host_copies();
     for (size_t b = 0; b < nb; ++b) {
+      active = int(b);
       if (plan.backend_used[b] || dirty[b]) m.backends[b]->synchronize();
     }
+    active = -1;
     if (timeline) {
       for (const Marks& seg : segment_marks) {
         Backend& b = *m.backends[size_t(seg.backend)];
@@ -554,14 +626,12 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
         e.actual_us = e.transfer_us = std::max(0.0, end - start);
       }
     }
+  } catch (Error& e) {
+    idle_all();
+    if (e.backend().empty() && active >= 0) e.set_backend(m.backends[size_t(active)]->backend_id());
+    throw;
   } catch (...) {
-    // Leave every backend idle; outputs are untouched and all memory stays owned.
-    for (auto& b : m.backends) {
-      try {
-        b->synchronize();
-      } catch (...) {
-      }
-    }
+    idle_all();
     throw;
   }
   for (size_t k = 0; k < plan.outputs.size(); ++k) {

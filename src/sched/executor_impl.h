@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tandem/cost_model.h"
+#include "tandem/error.h"
 #include "tandem/executor.h"
 
 namespace tandem {
@@ -160,6 +161,18 @@ struct HybridExecutor::Impl {
   WeightEntry& bound_weight(const std::string& name, const TensorDesc& desc);
   void* upload(WeightEntry& w, int backend);
   CacheEntry& cache_at(const std::string& name, const TensorDesc& desc, int backend);
+
+  // Runs f, a call into backend b: an Error escaping it names b (Error::backend) unless it
+  // already names a backend, so a caller can tell which device ran out of memory or was lost.
+  template <typename F>
+  auto on_backend(int b, F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (Error& e) {
+      if (e.backend().empty() && b >= 0) e.set_backend(backends[size_t(b)]->backend_id());
+      throw;
+    }
+  }
 
   // executor.cpp
   void bind(const std::string& name, const void* data, size_t bytes);

@@ -55,7 +55,9 @@ class ExecutionSearch {
         st.ok[b] = c.backends[b]->check(g, n).ok();
         st.compute_us[b] = CostModel::estimate(g, n, c.profiles[b]).compute_us;
       }
-      if (c.op_pin[size_t(n.op)] >= 0) st.forced = c.op_pin[size_t(n.op)];
+      // A pin to a lost device no longer holds: the op is placed as any other.
+      const int pin = c.op_pin[size_t(n.op)];
+      if (pin >= 0 && !c.backends[size_t(pin)]->lost()) st.forced = pin;
       for (TensorId a : st.acts) st.transient += g.tensor(a).bytes();
       if (!g.tensor(n.id).is_view()) st.transient += g.tensor(n.id).bytes();
       steps_.push_back(std::move(st));
@@ -472,7 +474,9 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
       const int p = config.pin_matcher->match(g->tensor(n.id).name);
       if (p < 0) continue;
       const int pb = config.tensor_pin_backend[size_t(p)];
-      if (!config.backends[size_t(pb)]->host_accessible()) pinned[g->tensor(n.id).name] = pb;
+      // Pinned to a lost device: host memory, as a pin to a host backend.
+      const Backend& pinned_to = *config.backends[size_t(pb)];
+      if (!pinned_to.host_accessible() && !pinned_to.lost()) pinned[g->tensor(n.id).name] = pb;
     }
   }
   std::vector<size_t> pinned_bytes(nb, 0);

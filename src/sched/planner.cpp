@@ -211,10 +211,13 @@ void Walk::evaluate(const Node& n) {
     // An exhausted device still takes ops on weights or caches already there (preloaded)
     // that need no new memory, and ops on activations it already holds (a streamed chain);
     // other activation-only ops stay off it (no ping-pong).
+    // Why the budget is what it is, where it changed after build() (set_memory_budget).
+    const bool noted = b < c_.budget_notes.size() && !c_.budget_notes[b].empty();
+    const std::string because = noted ? " (" + c_.budget_notes[b] + ")" : "";
     if (searched_) {
       if (!e.fits)
         e.memory_detail = id + " needs " + format_bytes(e.persistent) +
-                          " resident, its budget has " + format_bytes(e.free) + " free";
+                          " resident, its budget has " + format_bytes(e.free) + " free" + because;
     } else if (exhausted_[b] && (persistent > 0 || (!persistent_here && !input_here))) {
       e.fits = false;
       e.needed = exhaust_needed_[b];
@@ -222,7 +225,7 @@ void Walk::evaluate(const Node& n) {
       e.memory_detail = exhaust_detail_[b];
     } else if (!e.fits) {
       e.memory_detail = id + " needs " + format_bytes(e.needed) + " (" + format_bytes(persistent) +
-                        " persistent), its budget has " + format_bytes(e.free) + " free";
+                        " persistent), its budget has " + format_bytes(e.free) + " free" + because;
       // A device that refused a weight takes no later op that needs new memory or reads
       // nothing on it, as llama.cpp's -ngl: a prefix on the device, no ping-pong after.
       if (gb != 0 && persistent > 0 && e.check.ok()) {

@@ -21,6 +21,7 @@ struct PlannerConfig {
   int n_groups = 1;
   std::vector<BackendProfile> profiles;
   std::vector<size_t> budgets;
+  std::vector<std::string> budget_notes;  // per backend: why its budget changed ("": it did not)
   Strategy strategy;
   int only = kNoBackend;
   bool strict = false;

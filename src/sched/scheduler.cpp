@@ -309,6 +309,7 @@ HybridScheduler HybridScheduler::Builder::build() {
     impl->group.push_back(b->host_accessible() ? 0 : next_group++);
     impl->profiles.push_back(cost_model_.profile(*b));
     impl->budgets.push_back(b->memory().free_bytes);
+    impl->budget_notes.emplace_back();
   }
   impl->n_groups = next_group;
   impl->strategy = strategy_;
@@ -345,6 +346,15 @@ struct HybridScheduler::Impl {
   std::optional<ResidencyPlan> residency_plan;  // Automatic: where persistent tensors live
   ResidencyHomes homes;                         // the same, by backend index
   uint64_t residency_key = 0;                   // changes with each new residency plan
+  uint64_t residency_lost = 0;                  // the devices lost when it was made
+
+  uint64_t lost_mask() const {
+    uint64_t lost = 0;
+    for (size_t b = 0; b < config->backends.size(); ++b) {
+      if (config->backends[b]->lost()) lost |= 1ull << b;
+    }
+    return lost;
+  }
 };
 
 HybridScheduler::HybridScheduler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -387,8 +397,9 @@ uint64_t content_key(const Graph& graph, const Placement& p) {
 std::shared_ptr<const Placement> HybridScheduler::plan(const Graph& graph,
                                                        const Residency& residency) {
   const bool automatic = impl_->config->strategy.kind == Strategy::Kind::Automatic;
-  if (automatic && !residency_plan()) {
-    // Without phases given (plan_residency), the first graph decides where weights live.
+  // Without phases given (plan_residency), the first graph decides where weights live; so it
+  // does again when a device was lost since.
+  if (automatic && (!residency_plan() || impl_->residency_lost != impl_->lost_mask())) {
     const Graph* phases[] = {&graph};
     plan_residency(phases, residency);
   }
@@ -428,11 +439,7 @@ uint64_t HybridScheduler::plan_key(const Graph& graph, const Residency& residenc
   }
   key = hash_combine(key, residency.hash());
   // A device lost since the last plan must not be chosen again.
-  uint64_t lost = 0;
-  for (size_t b = 0; b < impl_->config->backends.size(); ++b) {
-    if (impl_->config->backends[b]->lost()) lost |= 1ull << b;
-  }
-  key = hash_combine(key, lost);
+  key = hash_combine(key, impl_->lost_mask());
   std::lock_guard lock(impl_->mutex);
   return hash_combine(key, impl_->residency_key);
 }
@@ -467,8 +474,10 @@ std::shared_ptr<const Placement> HybridScheduler::make_placement(const Graph& gr
 const ResidencyPlan& HybridScheduler::plan_residency(std::span<const Graph* const> phases,
                                                      const Residency& residency) {
   TANDEM_CHECK_ARG(!phases.empty(), "scheduler plan_residency", "needs at least one graph");
+  const uint64_t lost = impl_->lost_mask();
   ResidencyPlan plan = search_residency(*impl_->config, phases, residency);
   std::lock_guard lock(impl_->mutex);
+  impl_->residency_lost = lost;
   impl_->homes = homes_of(*impl_->config, plan);
   impl_->residency_plan = std::move(plan);
   impl_->residency_key = hash_combine(impl_->residency_key + 1, 0x5eed);
@@ -549,6 +558,20 @@ size_t HybridScheduler::memory_budget(std::string_view id) const {
   TANDEM_CHECK_ARG(i >= 0, "scheduler memory_budget", "unknown backend '" + std::string(id) + "'");
   return impl_->config->budgets[size_t(i)];
 }
+void HybridScheduler::set_memory_budget(std::string_view id, size_t bytes, std::string why) {
+  const int i = backend_index(id);
+  TANDEM_CHECK_ARG(i >= 0, "scheduler set_memory_budget",
+                   "unknown backend '" + std::string(id) + "'");
+  std::lock_guard lock(impl_->mutex);
+  impl_->config->budgets[size_t(i)] = bytes;
+  impl_->config->budget_notes[size_t(i)] = std::move(why);
+  impl_->cache.clear();
+  // Where Automatic keeps weights and caches was decided under the old budget.
+  impl_->residency_plan.reset();
+  impl_->homes.clear();
+  impl_->residency_key = hash_combine(impl_->residency_key + 1, 0x5eed);
+}
+
 const CostModel& HybridScheduler::cost_model() const {
   return impl_->config->cost_model;
 }

@@ -408,6 +408,7 @@ TEST_F(ExecutorTest, AFailingBackendLeavesOutputsUntouchedAndLeaksNothing) {
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::DeviceLost);
+      EXPECT_EQ(e.backend(), "gpu");  // the executor names the device it was running on
       EXPECT_NE(std::string(e.what()).find("injected failure"), std::string::npos);
     }
     for (float v : logits) ASSERT_EQ(v, 42.0f);
@@ -430,9 +431,53 @@ TEST_F(ExecutorTest, AFailingBackendLeavesOutputsUntouchedAndLeaksNothing) {
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::OutOfMemory);
+      EXPECT_EQ(e.backend(), "gpu");
     }
     gpu->fail_allocations = false;
   }
+}
+
+TEST_F(ExecutorTest, ReleaseFreesWhatAFailedPreloadAllocated) {
+  MiniModel model(rng_);
+  auto gpu = make_gpu();
+  auto sched = HybridScheduler::builder().with_backend(make_cpu()).with_backend(gpu).build();
+  HybridExecutor exec(sched);
+  for (const auto& [name, w] : model.weights)
+    exec.bind_weight(name, w.bytes.data(), w.bytes.size());
+  Graph g = model.build(2);
+  auto p = sched.plan(g, exec.residency());
+  // The first upload is already there; the device has room for the second, not the third.
+  std::vector<const PlannedCopy*> uploads;
+  for (const PlannedCopy& c : p->copies) {
+    if (c.kind == PlannedCopy::Kind::Upload) uploads.push_back(&c);
+  }
+  ASSERT_GE(uploads.size(), 3u);
+  exec.preload_weight(g.tensor(uploads[0]->storage).name, "gpu");
+  const Residency before = exec.residency();
+  const size_t held = gpu->allocated_bytes;
+  ASSERT_EQ(held, exec.device_bytes("gpu"));
+  gpu->allocation_limit = held + uploads[1]->bytes;
+  try {
+    exec.preload(g, *p);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::OutOfMemory);
+    EXPECT_EQ(e.backend(), "gpu");
+  }
+  ASSERT_GT(gpu->allocated_bytes, held) << "the failed preload uploaded nothing";
+  EXPECT_EQ(gpu->allocated_bytes, exec.device_bytes("gpu"));
+  EXPECT_TRUE(exec.release("gpu", before).empty());
+  EXPECT_EQ(gpu->allocated_bytes, held);
+  EXPECT_EQ(exec.residency().hash(), before.hash());
+  // Everything, with the KV caches a run created there.
+  gpu->allocation_limit = SIZE_MAX;
+  std::vector<int32_t> tokens{3, 4}, pos{0, 1};
+  exec.run(g, *sched.plan(g, exec.residency()),
+           Bindings().input("tokens", tokens.data(), 8).input("positions", pos.data(), 8));
+  EXPECT_FALSE(exec.release("gpu").empty());
+  EXPECT_EQ(gpu->allocated_bytes, 0u);
+  EXPECT_EQ(exec.resident_bytes("gpu"), 0u);
+  EXPECT_THROW(exec.release("nope"), Error);
 }
 
 TEST_F(ExecutorTest, ResidencyPreloadAndEviction) {

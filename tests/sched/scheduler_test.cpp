@@ -220,6 +220,30 @@ struct Layers {
 };
 constexpr size_t kW = 64 * 64 * 4;
 
+TEST(Scheduler, ABudgetLoweredAfterBuildReplansAndSaysWhy) {
+  Layers L;
+  auto sched = HybridScheduler::builder()
+                   .with_backend(make_cpu())
+                   .with_backend(make_gpu())
+                   .cost_model(slow_link())
+                   .build();
+  auto all = sched.plan(L.g);
+  EXPECT_EQ(all->at(L.mm[3]).backend->backend_id(), "gpu");
+  // Lowered to one layer's weight and its activations: the cached plan is not reused.
+  sched.set_memory_budget("gpu", kW + 1024, "budget lowered: out of memory in step 4");
+  EXPECT_EQ(sched.memory_budget("gpu"), kW + 1024);
+  EXPECT_EQ(sched.cached_plans(), 0u);
+  auto p = sched.plan(L.g);
+  EXPECT_NE(p, all);
+  EXPECT_EQ(p->at(L.mm[0]).backend->backend_id(), "gpu");
+  const BackendSelection& m1 = p->at(L.mm[1]);
+  EXPECT_EQ(m1.backend->backend_id(), "cpu");
+  EXPECT_EQ(m1.reason.kind, K::MemoryConstraint);
+  EXPECT_NE(m1.reason.why.find("(budget lowered: out of memory in step 4)"), std::string::npos)
+      << m1.reason.why;
+  EXPECT_THROW(sched.set_memory_budget("nope", 1), Error);
+}
+
 TEST(Scheduler, MemoryBudgetPutsALayerPrefixOnTheGpu) {
   Layers L;
   const size_t budget = 2 * kW + 4096;

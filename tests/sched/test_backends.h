@@ -1,9 +1,12 @@
 // Test backends for the scheduler: host memory and reference kernels, with a chosen id, kind,
 // capability table, features, memory and (for "devices") memory the executor may not touch
-// directly. They count buffers so tests can prove nothing leaks.
+// directly. They count buffers and bytes so tests can prove nothing leaks, and fail on demand:
+// an op kind, every allocation, allocations past a byte limit, or the k-th execution (the
+// device is lost from then on, as a CUDA device with a poisoned context).
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -38,6 +41,12 @@ class TestBackend : public HostBackend {
   const std::vector<OpCapability>& capabilities() const override { return config_.capabilities; }
 
   void execute(const Graph& graph, const NodeExecution& exec) override {
+    if (lost_) throw_error(ErrorCode::DeviceLost, backend_id(), "the device is lost");
+    if (lose_at_execution > 0 && executed + 1 == lose_at_execution) {
+      lost_ = true;
+      throw_error(ErrorCode::DeviceLost, backend_id() + " " + std::string(op_name(exec.node->op)),
+                  "injected device loss");
+    }
     CapabilityCheck c = check(graph, *exec.node);
     if (!c.ok()) throw_error(ErrorCode::Unsupported, backend_id(), c.detail);
     if (fail_on_op >= 0 && int(exec.node->op) == fail_on_op) {
@@ -61,14 +70,26 @@ class TestBackend : public HostBackend {
     if (fail_allocations) {
       throw_error(ErrorCode::OutOfMemory, backend_id() + " allocate", "injected");
     }
+    if (bytes > allocation_limit || allocated_bytes > allocation_limit - bytes) {
+      throw_error(
+          ErrorCode::OutOfMemory, backend_id() + " allocate",
+          "out of memory (need " + std::to_string(bytes) + " bytes, " +
+              std::to_string(allocation_limit > allocated_bytes ? allocation_limit - allocated_bytes
+                                                                : 0) +
+              " free)");
+    }
+    Buffer b = HostBackend::allocate(bytes);
     ++live_buffers;
-    return HostBackend::allocate(bytes);
+    allocated_bytes += bytes;
+    return b;
   }
   void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    if (lost_) throw_error(ErrorCode::DeviceLost, backend_id(), "the device is lost");
     ++copies_in;
     HostBackend::copy_from_host(dst, src, bytes);
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (lost_) throw_error(ErrorCode::DeviceLost, backend_id(), "the device is lost");
     ++copies_out;
     HostBackend::copy_to_host(dst, src, bytes);
   }
@@ -89,6 +110,11 @@ class TestBackend : public HostBackend {
   void set_lost(bool lost) { lost_ = lost; }
   int fail_on_op = -1;  // an OpKind that throws when executed
   bool fail_allocations = false;
+  // Allocations that would take the bytes held past this throw OutOfMemory.
+  size_t allocation_limit = SIZE_MAX;
+  size_t allocated_bytes = 0;  // held in live buffers
+  // The execution with this number (1: the first) throws DeviceLost and the device is lost.
+  int lose_at_execution = -1;
   int executed = 0;
   int copies_in = 0;
   int copies_out = 0;
@@ -101,6 +127,7 @@ class TestBackend : public HostBackend {
  protected:
   void free_buffer(void* data, size_t bytes) override {
     --live_buffers;
+    allocated_bytes -= bytes;
     HostBackend::free_buffer(data, bytes);
   }
 
