@@ -273,7 +273,7 @@ TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
     // K % 256 == 0 takes the staged matrix-vector kernel (one or several rows per tile, one
     // or several groups per thread; 4096x14336: more tiles per block than its partial buffers
     // hold, so the block adds row sums more than once); K = 96 and a K too large for its shared
-    // memory take the generic one; N > 8 the GEMM.
+    // memory take the generic one; 9 to 32 columns slices of up to 8; more the GEMM.
     for (auto [k, m, n] : {std::tuple{256, 129, 1},
                            {4096, 14336, 1},
                            {4096, 64, 3},
@@ -285,6 +285,9 @@ TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
                            {65536, 40, 8},
                            {96, 50, 2},
                            {512, 200, 9},
+                           {4096, 300, 16},
+                           {2048, 77, 27},
+                           {96, 40, 20},
                            {1024, 256, 64}}) {
       Graph g;
       TensorId a = g.weight("a", d, {k, m});

@@ -3,6 +3,7 @@
 // matrix-vector kernel reads the weight blocks once, multiplying with __dp4a (the staged kernel of
 // staged_matvec.cu where the layout allows, else the generic ones here); more columns: the weights
 // are dequantized to f16 and multiplied on tensor cores by cuBLAS with f32 accumulation.
+#include <algorithm>
 #include <span>
 
 #include "common.cuh"
@@ -437,10 +438,45 @@ void launch_k_matvec_parts(const OpContext& ctx, std::span<const NodeExecution> 
   }
 }
 
+// 9 to kSplitMaxColumns columns of a 2-D b (a batched decode step of several sequences) run
+// as matrix-vector products of up to kMatvecMaxColumns columns each: the weights are read once
+// per slice instead of converted to f16 for the GEMM (1B, 16 rows: the conversion of every
+// weight matrix cost more than the product).
+constexpr int64_t kSplitMaxColumns = 32;
+bool split_columns(const NodeExecution& e) {
+  const TensorDesc& b = *e.inputs[1].desc;
+  return b.ne[1] > kMatvecMaxColumns && b.ne[1] <= kSplitMaxColumns && b.ne[2] * b.ne[3] == 1 &&
+         b.is_contiguous() && e.output.desc->is_contiguous();
+}
+
+void run_matvec(const OpContext& ctx, const NodeExecution& e) {
+  const TensorDesc& a = *e.inputs[0].desc;
+  const TensorDesc& b = *e.inputs[1].desc;
+  // The staged kernel reads Q4_0 / Q8_0 only; K-quants take the generic one.
+  if (is_k_quant(a.dtype) || !launch_staged_matvec(ctx, std::span(&e, 1))) {
+    with_columns(b.ne[1], [&](auto cols) { launch_generic_matvec<cols()>(ctx, e); });
+  }
+}
+
+void run_split_columns(const OpContext& ctx, const NodeExecution& e) {
+  const TensorDesc& b = *e.inputs[1].desc;
+  const TensorDesc& out = *e.output.desc;
+  for (int64_t c0 = 0; c0 < b.ne[1]; c0 += kMatvecMaxColumns) {
+    const int64_t n = std::min<int64_t>(kMatvecMaxColumns, b.ne[1] - c0);
+    TensorDesc bs = b, os = out;
+    bs.ne[1] = n;
+    os.ne[1] = n;
+    NodeExecution slice = e;
+    slice.inputs[1] = {&bs, static_cast<uint8_t*>(e.inputs[1].data) + c0 * b.nb[1]};
+    slice.output = {&os, static_cast<uint8_t*>(e.output.data) + c0 * out.nb[1]};
+    run_matvec(ctx, slice);
+  }
+}
+
 size_t quantized_matmul_scratch_bytes(const NodeExecution& e, int /*sm_count*/) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
-  if (b.ne[1] <= kMatvecMaxColumns) {
+  if (b.ne[1] <= kMatvecMaxColumns || split_columns(e)) {
     return align_up(size_t(b.elements()), kScratchAlignment) +
            align_up(size_t(b.elements() / kQBlock) * 4, kScratchAlignment);
   }
@@ -460,10 +496,11 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
     return;
   }
   if (b.ne[1] <= kMatvecMaxColumns) {
-    // The staged kernel reads Q4_0 / Q8_0 only; K-quants take the generic one.
-    if (is_k_quant(a.dtype) || !launch_staged_matvec(ctx, std::span(&e, 1))) {
-      with_columns(b.ne[1], [&](auto cols) { launch_generic_matvec<cols()>(ctx, e); });
-    }
+    run_matvec(ctx, e);
+    return;
+  }
+  if (split_columns(e)) {
+    run_split_columns(ctx, e);
     return;
   }
   // Large batches: weights to f16 once, b to f16, tensor-core GEMM with f32 accumulation.
