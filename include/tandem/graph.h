@@ -39,9 +39,15 @@ enum class OpKind : uint8_t {
   Attention,   // causal grouped-query attention of q over a KV cache, query t sees [0, pos[t]]
   Dequantize,  // q8_0/q4_0/K-quants/f16/bf16 -> f32
   KvWrite,     // cache[:, :, pos[t]] = src[:, :, t]; the output aliases the cache
+  // Mixture of experts (llama.cpp's build_moe_ffn): route, weigh, multiply per expert, combine.
+  MoeRoute,      // gate logits [n_expert, T] -> i32 [top_k, T]: the top_k experts, best first
+  MoeWeights,    // logits [n_expert, T], ids [k, T] -> softmax probabilities of the chosen [k, T]
+  ExpertMatMul,  // a [K, M, n_expert] x b [K, 1 or k, T] by ids [k, T] -> f32 [M, k, T]
+  MoeCombine,    // experts [n, k, T] weighted by w [k, T], summed over k -> [n, T]
+  RopeNeox,      // Rope rotating pairs (x[i], x[i + n_rot/2]) (GPT-NeoX, Qwen)
 };
 // The built-in ops; more may be registered at run time (tandem/op.h, below kMaxOpKinds).
-inline constexpr int kOpKindCount = int(OpKind::KvWrite) + 1;
+inline constexpr int kOpKindCount = int(OpKind::RopeNeox) + 1;
 
 std::string_view op_name(OpKind op);
 std::optional<OpKind> op_from_name(std::string_view name);
@@ -58,6 +64,8 @@ struct OpParams {
   float freq_base = 10000.0f;                      // Rope
   int32_t n_rot = 0;                               // Rope: number of leading dims rotated (even)
   std::array<int32_t, kMaxDims> axes{0, 1, 2, 3};  // Permute: dim i of the input goes to axes[i]
+  int32_t top_k = 0;                               // MoeRoute: experts chosen per token
+  bool normalize = false;  // MoeWeights: the chosen probabilities rescaled to sum to 1
   bool operator==(const OpParams&) const = default;
 };
 
@@ -88,12 +96,20 @@ class Graph {
   TensorId rms_norm(TensorId x, TensorId w, float eps);
   TensorId layer_norm(TensorId x, TensorId w, TensorId b, float eps);
   TensorId rope(TensorId x, TensorId pos, int32_t n_rot, float freq_base);
+  TensorId rope_neox(TensorId x, TensorId pos, int32_t n_rot, float freq_base);
   TensorId silu(TensorId x);
   TensorId gelu(TensorId x);
   TensorId swiglu(TensorId gate, TensorId up);
   TensorId attention(TensorId q, TensorId k_cache, TensorId v_cache, TensorId pos, float scale);
   TensorId dequantize(TensorId a);
   TensorId kv_write(TensorId cache, TensorId src, TensorId pos);
+  // Mixture of experts: the top_k experts of each token's gate logits, their softmax weights
+  // (normalize: rescaled to sum to 1 over the chosen), the chosen experts' products with b
+  // (a [K, M, n_expert]; b [K, 1 or k, T]) and their weighted sum.
+  TensorId moe_route(TensorId logits, int32_t top_k);
+  TensorId moe_weights(TensorId logits, TensorId ids, bool normalize);
+  TensorId expert_matmul(TensorId a, TensorId b, TensorId ids);
+  TensorId moe_combine(TensorId experts, TensorId weights);
   TensorId view(TensorId a, std::initializer_list<int64_t> ne, std::initializer_list<int64_t> nb,
                 int64_t offset_bytes);
   TensorId reshape(TensorId a, std::initializer_list<int64_t> ne);

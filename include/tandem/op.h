@@ -30,6 +30,8 @@ enum OpAttribute : uint32_t {
   kAttrFreqBase = 1u << 2,
   kAttrNRot = 1u << 3,
   kAttrAxes = 1u << 4,
+  kAttrTopK = 1u << 5,
+  kAttrNormalize = 1u << 6,
 };
 
 // Peak throughput is looked up per class: f32; f16 and bf16; int8 and block-quantized.

@@ -67,9 +67,12 @@ void add_synth(CLI::App& app, std::function<int()>& run) {
     uint64_t seed = 0;
     int threads = 0;
     int64_t n_layer = 0;
+    float moe_skew = 0.0f;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--preset", o->preset, "tiny, small, llama-3.2-1b or llama-3.1-8b")
+  cmd->add_option("--preset", o->preset,
+                  "tiny, small, llama-3.2-1b, llama-3.1-8b; with experts tiny-moe, tiny-qwen3moe, "
+                  "mixtral-8x7b or qwen3-30b-a3b")
       ->capture_default_str();
   cmd->add_option("--type", o->type,
                   "Matrix type: f32, f16, q8_0, q4_0, or llama.cpp's K-quant mixes q4_k_m, q5_k_m "
@@ -79,6 +82,9 @@ void add_synth(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("-t,--threads", o->threads, "Generator threads (0: all)");
   cmd->add_option("--n-layer", o->n_layer,
                   "Layers, instead of the preset's (e.g. 64 for an 8B shape twice as deep)");
+  cmd->add_option("--moe-skew", o->moe_skew,
+                  "Skews the expert routers (>= 0): router row e scaled by exp(-F * e / "
+                  "(n_expert - 1)), so the low-numbered experts win far more often");
   cmd->add_option("-o,--out", o->out, "Output GGUF path")->required();
   cmd->callback([&run, o]() {
     run = [o]() {
@@ -93,6 +99,9 @@ void add_synth(CLI::App& app, std::function<int()>& run) {
           o->n_layer >= 0 && o->n_layer <= 1024, "--n-layer",
           "must be in [1, 1024], or 0 for the preset's (got " + std::to_string(o->n_layer) + ")");
       if (o->n_layer > 0) spec.n_layer = o->n_layer;
+      TANDEM_CHECK_ARG(o->moe_skew == 0.0f || spec.n_expert > 0, "--moe-skew",
+                       "preset '" + o->preset + "' has no experts");
+      spec.moe_skew = o->moe_skew;
       Progress progress("synth " + o->preset, 1000);
       write_synthetic_model(spec, o->out, [&](uint64_t done, uint64_t total) {
         progress.update(total ? done * 1000 / total : 0);
@@ -124,6 +133,18 @@ void add_inspect(CLI::App& app, std::function<int()>& run) {
         file_type =
             (name.empty() ? "unknown" : std::string(name)) + " (" + std::to_string(id) + ")";
       }
+      // The mixture of experts, when the architecture's keys declare one.
+      std::string experts;
+      if (f.has("general.architecture")) {
+        const std::string arch = f.get_string("general.architecture");
+        if (f.has(arch + ".expert_count") && f.get_uint(arch + ".expert_count") > 0) {
+          experts = std::to_string(f.get_uint(arch + ".expert_count")) + " experts";
+          if (f.has(arch + ".expert_used_count")) {
+            experts +=
+                ", " + std::to_string(f.get_uint(arch + ".expert_used_count")) + " used per token";
+          }
+        }
+      }
       std::map<std::string, std::pair<size_t, uint64_t>> per_dtype;
       for (const auto& t : f.tensors()) {
         auto& e = per_dtype[std::string(dtype_name(t.dtype))];
@@ -135,6 +156,7 @@ void add_inspect(CLI::App& app, std::function<int()>& run) {
         j["file"] = o->model;
         j["version"] = f.version();
         if (!file_type.empty()) j["file_type"] = file_type;
+        if (!experts.empty()) j["experts"] = experts;
         for (const auto& [k, v] : f.metadata()) j["metadata"][k] = value_string(v);
         for (const auto& t : f.tensors()) {
           std::vector<int64_t> ne(t.ne.begin(), t.ne.begin() + t.n_dims);
@@ -151,6 +173,7 @@ void add_inspect(CLI::App& app, std::function<int()>& run) {
       std::printf("%s: GGUF v%u, %zu metadata keys, %zu tensors\n", o->model.c_str(), f.version(),
                   f.metadata().size(), f.tensors().size());
       if (!file_type.empty()) std::printf("file type: %s\n", file_type.c_str());
+      if (!experts.empty()) std::printf("mixture of experts: %s\n", experts.c_str());
       std::printf("\n");
       std::vector<std::vector<std::string>> rows;
       for (const auto& [k, v] : f.metadata()) rows.push_back({k, value_string(v)});

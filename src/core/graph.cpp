@@ -171,6 +171,12 @@ TensorId Graph::rope(TensorId x, TensorId pos, int32_t n_rot, float freq_base) {
   p.freq_base = freq_base;
   return add_node(OpKind::Rope, {x, pos}, p);
 }
+TensorId Graph::rope_neox(TensorId x, TensorId pos, int32_t n_rot, float freq_base) {
+  OpParams p;
+  p.n_rot = n_rot;
+  p.freq_base = freq_base;
+  return add_node(OpKind::RopeNeox, {x, pos}, p);
+}
 TensorId Graph::silu(TensorId x) {
   return add_node(OpKind::Silu, {x});
 }
@@ -191,6 +197,22 @@ TensorId Graph::dequantize(TensorId a) {
 }
 TensorId Graph::kv_write(TensorId cache, TensorId src, TensorId pos) {
   return add_node(OpKind::KvWrite, {cache, src, pos});
+}
+TensorId Graph::moe_route(TensorId logits, int32_t top_k) {
+  OpParams p;
+  p.top_k = top_k;
+  return add_node(OpKind::MoeRoute, {logits}, p, DType::I32);
+}
+TensorId Graph::moe_weights(TensorId logits, TensorId ids, bool normalize) {
+  OpParams p;
+  p.normalize = normalize;
+  return add_node(OpKind::MoeWeights, {logits, ids}, p);
+}
+TensorId Graph::expert_matmul(TensorId a, TensorId b, TensorId ids) {
+  return add_node(OpKind::ExpertMatMul, {a, b, ids});
+}
+TensorId Graph::moe_combine(TensorId experts, TensorId weights) {
+  return add_node(OpKind::MoeCombine, {experts, weights});
 }
 
 namespace {
@@ -266,6 +288,7 @@ uint64_t Graph::signature() const {
     mix(uint64_t(bits[0]) | uint64_t(bits[1]) << 32);
     mix(uint64_t(bits[2]) | uint64_t(uint32_t(n.params.n_rot)) << 32);
     for (int32_t ax : n.params.axes) mix(uint64_t(uint32_t(ax)));
+    mix(uint64_t(uint32_t(n.params.top_k)) | uint64_t(n.params.normalize) << 32);
   }
   for (TensorId o : outputs_) mix(uint64_t(o));
   if (h == 0) h = 1;  // 0 marks "not computed"

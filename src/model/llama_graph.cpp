@@ -38,14 +38,41 @@ AttentionIn attention_in(Graph& g, const gguf::File& file, const LlamaConfig& c,
   in.q = g.reshape(g.matmul(wq, h), {D, c.n_head, T});
   in.k = g.reshape(g.matmul(wk, h), {D, c.n_head_kv, T});
   in.v = g.reshape(g.matmul(wv, h), {D, c.n_head_kv, T});
-  in.q = g.rope(in.q, positions, int32_t(c.n_rot), c.rope_freq_base);
-  in.k = g.rope(in.k, positions, int32_t(c.n_rot), c.rope_freq_base);
+  if (c.qk_norm) {  // Qwen3: RMSNorm of each head before RoPE
+    in.q = g.rms_norm(in.q, add_weight(g, file, blk(l, "attn_q_norm")), c.rms_eps);
+    in.k = g.rms_norm(in.k, add_weight(g, file, blk(l, "attn_k_norm")), c.rms_eps);
+  }
+  auto rope = [&](TensorId t) {
+    return c.rope_neox ? g.rope_neox(t, positions, int32_t(c.n_rot), c.rope_freq_base)
+                       : g.rope(t, positions, int32_t(c.n_rot), c.rope_freq_base);
+  };
+  in.q = rope(in.q);
+  in.k = rope(in.k);
   return in;
 }
 
-// x + layer l's feed-forward block of x.
-TensorId add_ffn(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, TensorId x) {
+// The mixture-of-experts block of h ([n_embd, T]), as llama.cpp's build_moe_ffn with softmax
+// gating: each token's n_expert_used best experts by the router, their softmax weights, and
+// the weighted sum of down(silu(gate(h)) * up(h)) of those experts only.
+TensorId moe_ffn(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, TensorId h,
+                 int64_t T) {
+  TensorId router = add_weight(g, file, blk(l, "ffn_gate_inp"));
+  TensorId w_gate = add_weight(g, file, blk(l, "ffn_gate_exps"));
+  TensorId w_up = add_weight(g, file, blk(l, "ffn_up_exps"));
+  TensorId w_down = add_weight(g, file, blk(l, "ffn_down_exps"));
+  TensorId logits = g.matmul(router, h);  // [n_expert, T]
+  TensorId ids = g.moe_route(logits, int32_t(c.n_expert_used));
+  TensorId weights = g.moe_weights(logits, ids, c.norm_expert_weights);
+  TensorId columns = g.reshape(h, {c.n_embd, 1, T});  // one column for every chosen expert
+  TensorId s = g.swiglu(g.expert_matmul(w_gate, columns, ids), g.expert_matmul(w_up, columns, ids));
+  return g.moe_combine(g.expert_matmul(w_down, s, ids), weights);
+}
+
+// x + layer l's feed-forward block of x ([n_embd, T]): dense, or the mixture of experts.
+TensorId add_ffn(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, TensorId x,
+                 int64_t T) {
   TensorId ffn_norm = add_weight(g, file, blk(l, "ffn_norm"));
+  if (c.is_moe()) return g.add(x, moe_ffn(g, file, c, l, g.rms_norm(x, ffn_norm, c.rms_eps), T));
   TensorId w_gate = add_weight(g, file, blk(l, "ffn_gate"));
   TensorId w_up = add_weight(g, file, blk(l, "ffn_up"));
   TensorId w_down = add_weight(g, file, blk(l, "ffn_down"));
@@ -106,8 +133,8 @@ LlamaGraph build_llama_graph(const LlamaConfig& c, const gguf::File& file,
                                   {D, c.n_head_kv, out.n_ctx});
     TensorId kc = g.kv_write(cache_k, in.k, out.positions);
     TensorId vc = g.kv_write(cache_v, in.v, out.positions);
-    TensorId a = g.reshape(g.attention(in.q, kc, vc, out.positions, scale), {n_embd, T});
-    x = add_ffn(g, file, c, l, g.add(x, g.matmul(in.wo, a)));
+    TensorId a = g.reshape(g.attention(in.q, kc, vc, out.positions, scale), {c.n_head * D, T});
+    x = add_ffn(g, file, c, l, g.add(x, g.matmul(in.wo, a)), T);
   }
 
   if (!options.all_logits && T > 1) {
@@ -135,7 +162,6 @@ LlamaGraph build_llama_decode_batch(const LlamaConfig& c, const gguf::File& file
   LlamaGraph out;
   out.n_ctx = n_ctx > 0 ? n_ctx : std::min<int64_t>(c.context_length, 4096);
   const int64_t D = c.head_dim;
-  const int64_t n_embd = c.n_embd;
   const float scale = 1.0f / std::sqrt(float(D));
   Graph& g = out.graph;
 
@@ -168,8 +194,8 @@ LlamaGraph build_llama_decode_batch(const LlamaConfig& c, const gguf::File& file
       TensorId a = g.attention(row_of(in.q, c.n_head, r), kc, vc, pos, scale);
       gathered = g.kv_write(gathered, a, one(out.rows, r));
     }
-    TensorId a = g.reshape(gathered, {n_embd, S});
-    x = add_ffn(g, file, c, l, g.add(x, g.matmul(in.wo, a)));
+    TensorId a = g.reshape(gathered, {c.n_head * D, S});
+    x = add_ffn(g, file, c, l, g.add(x, g.matmul(in.wo, a)), S);
   }
 
   out.logits = add_logits(g, file, c, x, embd);

@@ -40,6 +40,9 @@ struct Generator {
   Init init;
   float amplitude;  // matrices: uniform in [-amplitude, amplitude]
   uint64_t tensor_seed;
+  // F32 matrices: row r (of `rows`, each row_len long) scaled by exp(-skew * r / (rows - 1)).
+  float skew = 0.0f;
+  int64_t row_len = 1, rows = 1;
   uint16_t scales[256];  // quantized: per-block f16 scales to draw from
 
   void prepare() {
@@ -97,6 +100,12 @@ struct Generator {
         float base = init == Init::Norm ? 1.0f : 0.0f;
         float amp = init == Init::Norm ? 0.1f : amplitude;
         for (int64_t k = 0; k < count; ++k) out[k] = base + amp * signed_unit(rng.next() >> 40);
+        if (skew > 0.0f && rows > 1) {
+          for (int64_t k = 0; k < count; ++k) {
+            const auto row = double((first + k) / row_len % rows);
+            out[k] *= float(std::exp(-double(skew) * row / double(rows - 1)));
+          }
+        }
         break;
       }
       case DType::F16: {
@@ -212,13 +221,38 @@ void check_spec(const SyntheticSpec& s) {
                        in_range(s.n_layer, 1, 1024) && in_range(s.n_head, 1, 1024) &&
                        in_range(s.n_head_kv, 1, 1024) && in_range(s.context_length, 1, 1 << 24),
                    kWhere, "a dimension is out of range");
-  TANDEM_CHECK_ARG(s.n_embd % s.n_head == 0 && s.n_head % s.n_head_kv == 0, kWhere,
-                   "n_head must divide n_embd and n_head_kv must divide n_head");
-  TANDEM_CHECK_ARG((s.n_embd / s.n_head) % 2 == 0, kWhere, "head_dim must be even (RoPE pairs)");
+  TANDEM_CHECK_ARG(s.arch == "llama" || s.arch == "qwen3moe", kWhere,
+                   "arch must be llama or qwen3moe (got '" + s.arch + "')");
+  TANDEM_CHECK_ARG(s.n_head % s.n_head_kv == 0, kWhere, "n_head_kv must divide n_head");
+  TANDEM_CHECK_ARG(s.head_dim > 0 || s.n_embd % s.n_head == 0, kWhere,
+                   "n_head must divide n_embd (or head_dim must be given)");
+  TANDEM_CHECK_ARG(in_range(s.head_dim, 0, 1 << 12), kWhere, "head_dim must be in [0, 4096]");
+  const int64_t head_dim = synthetic_head_dim(s);
+  TANDEM_CHECK_ARG(head_dim % 2 == 0, kWhere, "head_dim must be even (RoPE pairs)");
+  TANDEM_CHECK_ARG(in_range(s.n_expert, 0, 1024), kWhere, "n_expert must be in [0, 1024]");
+  TANDEM_CHECK_ARG(s.arch != "qwen3moe" || s.n_expert > 0, kWhere, "qwen3moe needs experts");
+  const int64_t n_ff_expert = s.n_ff_expert > 0 ? s.n_ff_expert : s.n_ff;
+  if (s.n_expert > 0) {
+    TANDEM_CHECK_ARG(in_range(s.n_expert_used, 1, s.n_expert), kWhere,
+                     "n_expert_used must be in [1, n_expert] (got " +
+                         std::to_string(s.n_expert_used) + " of " + std::to_string(s.n_expert) +
+                         ")");
+    TANDEM_CHECK_ARG(in_range(n_ff_expert, 1, 1 << 18), kWhere, "n_ff_expert is out of range");
+    TANDEM_CHECK_ARG(s.arch != "llama" || n_ff_expert == s.n_ff, kWhere,
+                     "llama experts have n_ff rows (n_ff_expert must be 0 or n_ff)");
+  }
+  TANDEM_CHECK_ARG(std::isfinite(s.moe_skew) && s.moe_skew >= 0.0f, kWhere,
+                   "moe_skew must be finite and >= 0");
   if (dtype_traits(s.dtype).is_quantized) {
-    TANDEM_CHECK_ARG(s.n_embd % kQuantBlock == 0 && s.n_ff % kQuantBlock == 0, kWhere,
-                     "n_embd and n_ff must be multiples of 32 for quantized weights (n_embd " +
-                         std::to_string(s.n_embd) + ", n_ff " + std::to_string(s.n_ff) + ")");
+    const int64_t q_dim = s.n_head * head_dim;
+    TANDEM_CHECK_ARG(s.n_embd % kQuantBlock == 0 && s.n_ff % kQuantBlock == 0 &&
+                         q_dim % kQuantBlock == 0 && n_ff_expert % kQuantBlock == 0,
+                     kWhere,
+                     "n_embd, n_ff, n_head * head_dim and n_ff_expert must be multiples of 32 for "
+                     "quantized weights (n_embd " +
+                         std::to_string(s.n_embd) + ", n_ff " + std::to_string(s.n_ff) +
+                         ", n_head * head_dim " + std::to_string(q_dim) + ", n_ff_expert " +
+                         std::to_string(n_ff_expert) + ")");
   }
   TANDEM_CHECK_ARG(s.rms_eps > 0 && s.rope_freq_base > 0, kWhere,
                    "rms_eps and rope_freq_base must be positive");
@@ -227,7 +261,12 @@ void check_spec(const SyntheticSpec& s) {
 }  // namespace
 
 std::vector<std::string_view> synthetic_preset_names() {
-  return {"tiny", "small", "llama-3.2-1b", "llama-3.1-8b"};
+  return {"tiny",     "small",         "llama-3.2-1b", "llama-3.1-8b",
+          "tiny-moe", "tiny-qwen3moe", "mixtral-8x7b", "qwen3-30b-a3b"};
+}
+
+int64_t synthetic_head_dim(const SyntheticSpec& spec) {
+  return spec.head_dim > 0 ? spec.head_dim : spec.n_embd / spec.n_head;
 }
 
 SyntheticSpec synthetic_preset(std::string_view preset, DType dtype, uint64_t seed,
@@ -257,6 +296,50 @@ SyntheticSpec synthetic_preset(std::string_view preset, DType dtype, uint64_t se
     s.context_length = 131072;
     s.rope_freq_base = 500000.0f;
     s.tied_embeddings = true;
+  } else if (preset == "tiny-moe") {
+    // Mixtral's layout at the tiny shape: 4 experts, 2 per token.
+    s.name = "tandem-synthetic-tiny-moe";
+    s.n_ff = 64;
+    s.n_expert = 4;
+    s.n_expert_used = 2;
+  } else if (preset == "tiny-qwen3moe") {
+    // Qwen3-MoE's layout at a tiny shape: head_dim * n_head != n_embd, as in Qwen3.
+    s.arch = "qwen3moe";
+    s.name = "tandem-synthetic-tiny-qwen3moe";
+    s.head_dim = 32;
+    s.n_ff_expert = 32;
+    s.n_expert = 8;
+    s.n_expert_used = 2;
+    s.rope_freq_base = 1000000.0f;
+    s.rms_eps = 1e-6f;
+  } else if (preset == "mixtral-8x7b") {
+    s.name = "tandem-synthetic-mixtral-8x7b";
+    s.n_vocab = 32000;
+    s.n_embd = 4096;
+    s.n_layer = 32;
+    s.n_ff = 14336;
+    s.n_head = 32;
+    s.n_head_kv = 8;
+    s.context_length = 32768;
+    s.rope_freq_base = 1000000.0f;
+    s.n_expert = 8;
+    s.n_expert_used = 2;
+  } else if (preset == "qwen3-30b-a3b") {
+    s.arch = "qwen3moe";
+    s.name = "tandem-synthetic-qwen3-30b-a3b";
+    s.n_vocab = 151936;
+    s.n_embd = 2048;
+    s.n_layer = 48;
+    s.n_ff = 6144;
+    s.n_head = 32;
+    s.n_head_kv = 4;
+    s.head_dim = 128;
+    s.context_length = 40960;
+    s.rope_freq_base = 1000000.0f;
+    s.rms_eps = 1e-6f;
+    s.n_expert = 128;
+    s.n_expert_used = 8;
+    s.n_ff_expert = 768;
   } else if (preset == "llama-3.1-8b") {
     s.name = "tandem-synthetic-llama-3.1-8b";
     s.n_vocab = 128256;
@@ -328,7 +411,8 @@ DType synthetic_tensor_dtype(const SyntheticSpec& spec, const std::string& name,
     const bool output =
         name == "output.weight" || (spec.tied_embeddings && name == "token_embd.weight");
     const bool more_bits_kind = name.find("attn_v.weight") != std::string::npos ||
-                                name.find("ffn_down.weight") != std::string::npos;
+                                name.find("ffn_down.weight") != std::string::npos ||
+                                name.find("ffn_down_exps.weight") != std::string::npos;
     if (output || (more_bits_kind && use_more_bits(layer_of(name), spec.n_layer))) {
       dtype = DType::Q6_K;
     }
@@ -390,22 +474,34 @@ std::vector<std::string> synthetic_vocab(int64_t n_vocab) {
 
 gguf::Writer make_synthetic_writer(const SyntheticSpec& spec) {
   check_spec(spec);
-  const int64_t head_dim = spec.n_embd / spec.n_head;
+  const int64_t head_dim = synthetic_head_dim(spec);
+  const int64_t n_ff_expert = spec.n_ff_expert > 0 ? spec.n_ff_expert : spec.n_ff;
+  auto key = [&spec](const char* k) { return spec.arch + "." + k; };
   gguf::Writer w(spec.alignment);
-  w.set_string("general.architecture", "llama");
+  w.set_string("general.architecture", spec.arch);
   w.set_string("general.name", spec.name);
   w.set_u32("general.file_type", synthetic_file_type(spec.dtype, spec.mix));
   if (dtype_traits(spec.dtype).is_quantized) w.set_u32("general.quantization_version", 2);
-  w.set_u32("llama.context_length", uint32_t(spec.context_length));
-  w.set_u32("llama.embedding_length", uint32_t(spec.n_embd));
-  w.set_u32("llama.block_count", uint32_t(spec.n_layer));
-  w.set_u32("llama.feed_forward_length", uint32_t(spec.n_ff));
-  w.set_u32("llama.attention.head_count", uint32_t(spec.n_head));
-  w.set_u32("llama.attention.head_count_kv", uint32_t(spec.n_head_kv));
-  w.set_f32("llama.attention.layer_norm_rms_epsilon", spec.rms_eps);
-  w.set_f32("llama.rope.freq_base", spec.rope_freq_base);
-  w.set_u32("llama.rope.dimension_count", uint32_t(head_dim));
-  w.set_u32("llama.vocab_size", uint32_t(spec.n_vocab));
+  w.set_u32(key("context_length"), uint32_t(spec.context_length));
+  w.set_u32(key("embedding_length"), uint32_t(spec.n_embd));
+  w.set_u32(key("block_count"), uint32_t(spec.n_layer));
+  w.set_u32(key("feed_forward_length"), uint32_t(spec.n_ff));
+  w.set_u32(key("attention.head_count"), uint32_t(spec.n_head));
+  w.set_u32(key("attention.head_count_kv"), uint32_t(spec.n_head_kv));
+  if (spec.head_dim > 0) {
+    w.set_u32(key("attention.key_length"), uint32_t(head_dim));
+    w.set_u32(key("attention.value_length"), uint32_t(head_dim));
+  }
+  w.set_f32(key("attention.layer_norm_rms_epsilon"), spec.rms_eps);
+  w.set_f32(key("rope.freq_base"), spec.rope_freq_base);
+  w.set_u32(key("rope.dimension_count"), uint32_t(head_dim));
+  w.set_u32(key("vocab_size"), uint32_t(spec.n_vocab));
+  if (spec.n_expert > 0) {
+    w.set_u32(key("expert_count"), uint32_t(spec.n_expert));
+    w.set_u32(key("expert_used_count"), uint32_t(spec.n_expert_used));
+    if (spec.arch == "qwen3moe")
+      w.set_u32(key("expert_feed_forward_length"), uint32_t(n_ff_expert));
+  }
 
   std::vector<std::string> tokens = synthetic_vocab(spec.n_vocab);
   std::vector<float> scores(tokens.size(), 0.0f);
@@ -428,7 +524,9 @@ gguf::Writer make_synthetic_writer(const SyntheticSpec& spec) {
 
   const int threads =
       spec.threads > 0 ? spec.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  auto add = [&](const std::string& name, Init init, int64_t n_in, int64_t n_out) {
+  // n_mats > 1: a stack of n_mats matrices (one per expert).
+  auto add = [&](const std::string& name, Init init, int64_t n_in, int64_t n_out,
+                 int64_t n_mats = 1) {
     DType dtype = init == Init::Norm ? DType::F32 : synthetic_tensor_dtype(spec, name, n_in);
     Generator gen{};
     gen.dtype = dtype;
@@ -436,10 +534,27 @@ gguf::Writer make_synthetic_writer(const SyntheticSpec& spec) {
     gen.amplitude = 1.0f / std::sqrt(float(n_in));
     gen.tensor_seed = mix(spec.seed, fnv1a(name));
     if (dtype_traits(dtype).is_quantized) gen.prepare();
-    int64_t units = n_in * n_out / dtype_traits(dtype).block_elements;
+    int64_t units = n_in * n_out * n_mats / dtype_traits(dtype).block_elements;
     std::vector<int64_t> ne = {n_in};
     if (init == Init::Matrix) ne.push_back(n_out);
+    if (n_mats > 1) ne.push_back(n_mats);
     w.add_tensor_lazy(name, dtype, ne, [gen, units, threads](uint8_t* dst, size_t) {
+      generate(gen, dst, units, threads);
+    });
+  };
+  // The router: F32 whatever the spec's dtype, its rows skewed by moe_skew.
+  auto add_router = [&](const std::string& name) {
+    Generator gen{};
+    gen.dtype = DType::F32;
+    gen.init = Init::Matrix;
+    gen.amplitude = 1.0f / std::sqrt(float(spec.n_embd));
+    gen.tensor_seed = mix(spec.seed, fnv1a(name));
+    gen.skew = spec.moe_skew;
+    gen.row_len = spec.n_embd;
+    gen.rows = spec.n_expert;
+    const int64_t units = spec.n_embd * spec.n_expert;
+    const std::vector<int64_t> ne = {spec.n_embd, spec.n_expert};
+    w.add_tensor_lazy(name, DType::F32, ne, [gen, units, threads](uint8_t* dst, size_t) {
       generate(gen, dst, units, threads);
     });
   };
@@ -452,10 +567,22 @@ gguf::Writer make_synthetic_writer(const SyntheticSpec& spec) {
     add(llama_layer_tensor(l, "attn_k.weight"), Init::Matrix, spec.n_embd, kv_dim);
     add(llama_layer_tensor(l, "attn_v.weight"), Init::Matrix, spec.n_embd, kv_dim);
     add(llama_layer_tensor(l, "attn_output.weight"), Init::Matrix, q_dim, spec.n_embd);
+    if (spec.arch == "qwen3moe") {
+      add(llama_layer_tensor(l, "attn_q_norm.weight"), Init::Norm, head_dim, 1);
+      add(llama_layer_tensor(l, "attn_k_norm.weight"), Init::Norm, head_dim, 1);
+    }
     add(llama_layer_tensor(l, "ffn_norm.weight"), Init::Norm, spec.n_embd, 1);
-    add(llama_layer_tensor(l, "ffn_gate.weight"), Init::Matrix, spec.n_embd, spec.n_ff);
-    add(llama_layer_tensor(l, "ffn_up.weight"), Init::Matrix, spec.n_embd, spec.n_ff);
-    add(llama_layer_tensor(l, "ffn_down.weight"), Init::Matrix, spec.n_ff, spec.n_embd);
+    if (spec.n_expert > 0) {
+      const int64_t E = spec.n_expert;
+      add_router(llama_layer_tensor(l, "ffn_gate_inp.weight"));
+      add(llama_layer_tensor(l, "ffn_gate_exps.weight"), Init::Matrix, spec.n_embd, n_ff_expert, E);
+      add(llama_layer_tensor(l, "ffn_up_exps.weight"), Init::Matrix, spec.n_embd, n_ff_expert, E);
+      add(llama_layer_tensor(l, "ffn_down_exps.weight"), Init::Matrix, n_ff_expert, spec.n_embd, E);
+    } else {
+      add(llama_layer_tensor(l, "ffn_gate.weight"), Init::Matrix, spec.n_embd, spec.n_ff);
+      add(llama_layer_tensor(l, "ffn_up.weight"), Init::Matrix, spec.n_embd, spec.n_ff);
+      add(llama_layer_tensor(l, "ffn_down.weight"), Init::Matrix, spec.n_ff, spec.n_embd);
+    }
   }
   add("output_norm.weight", Init::Norm, spec.n_embd, 1);
   if (!spec.tied_embeddings) add("output.weight", Init::Matrix, spec.n_embd, spec.n_vocab);

@@ -65,6 +65,8 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
       {"logits -m " + m + " --tokens 1,99999 --out /tmp/x.bin", "99999"},
       {"detokenize -m " + m + " 1 2 999999", "999999"},
       {"synth --preset huge -o /tmp/x.gguf", "huge"},
+      {"synth --preset tiny --moe-skew 2 -o /tmp/x.gguf", "--moe-skew"},
+      {"synth --preset tiny-moe --moe-skew=-1 -o /tmp/x.gguf", "moe_skew"},
       {"run -m " + m + " -p hi -ot 'blk\\.0\\..*'", "--override-tensor"},
   };
   for (const auto& c : cases) {
@@ -103,6 +105,24 @@ TEST(Cli, InspectDevicesTokenize) {
              std::to_string(int(ids[1])));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "Hello world\n");
+}
+
+// A mixture-of-experts preset, skewed: inspect names its experts, and it runs.
+TEST(Cli, SynthesizesAndInspectsAnExpertModel) {
+  const std::string path =
+      (tandem::test::process_temp_dir("tandem_cli_test_") / "tiny_moe.gguf").string();
+  Result r = tandem("synth --preset tiny-qwen3moe --type q8_0 --moe-skew 3 -o " + path);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = tandem("inspect " + path);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("mixture of experts: 8 experts, 2 used per token"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("blk.1.ffn_down_exps.weight"), std::string::npos);
+  r = tandem("inspect --json " + path);
+  ASSERT_EQ(r.code, 0);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["experts"], "8 experts, 2 used per token");
+  r = tandem("logits -m " + path + " --tokens 1,2,3 --out " + path + ".logits");
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 TEST(Cli, BenchPrintsOneRowPerStrategyAndTestAndValidJson) {

@@ -272,6 +272,28 @@ void rope_cases(Catalog& cat) {
   }
 }
 
+void rope_neox_cases(Catalog& cat) {
+  struct S {
+    int64_t d, heads, tokens;
+    int32_t n_rot;
+    float base;
+  };
+  std::vector<S> shapes{{2, 1, 1, 2, 10000.0f},
+                        {64, 3, 5, 64, 1000000.0f},
+                        {64, 3, 5, 32, 10000.0f},
+                        {6, 1, 3, 4, 10000.0f}};
+  if (cat.large()) shapes.push_back({128, 32, 33, 128, 1000000.0f});
+  for (const S& s : shapes) {
+    Graph g;
+    TensorId x = input(g, "x", DType::F32, {s.d, s.heads, s.tokens});
+    TensorId pos = input(g, "pos", DType::I32, {s.tokens});
+    g.rope_neox(x, pos, s.n_rot, s.base);
+    cat.add("rope_neox/f32.i32/" + dims({s.d, s.heads, s.tokens}) + "_rot" +
+                std::to_string(s.n_rot) + "_base" + std::to_string(int64_t(s.base)),
+            std::move(g), {{pos, Fill::RandomPositions, 4096}});
+  }
+}
+
 void attention_cases(Catalog& cat) {
   struct S {
     int64_t d, hq, hkv, tokens, context;
@@ -347,6 +369,78 @@ void kv_write_cases(Catalog& cat) {
   }
 }
 
+// Mixture of experts: routing (top_k of n_expert logits per token), the chosen experts' weights,
+// the expert products (ids drawn at random, repeats included) and the weighted sum.
+void moe_cases(Catalog& cat) {
+  struct R {
+    int64_t experts, tokens, k;
+  };
+  std::vector<R> routes{{1, 3, 1}, {8, 1, 2}, {8, 5, 2}, {60, 7, 4}, {128, 9, 8}};
+  if (cat.large()) routes.push_back({128, 512, 8});
+  for (const R& r : routes) {
+    const std::string shape = dims({r.experts, r.tokens}) + "_k" + std::to_string(r.k);
+    {
+      Graph g;
+      g.moe_route(input(g, "logits", DType::F32, {r.experts, r.tokens}), int32_t(r.k));
+      cat.add("moe_route/f32/" + shape, std::move(g));
+    }
+    for (bool normalize : {false, true}) {
+      Graph g;
+      TensorId logits = input(g, "logits", DType::F32, {r.experts, r.tokens});
+      TensorId ids = input(g, "ids", DType::I32, {r.k, r.tokens});
+      g.moe_weights(logits, ids, normalize);
+      cat.add("moe_weights/f32.i32/" + shape + (normalize ? "_normalized" : ""), std::move(g),
+              {{ids, Fill::RowIds, r.experts}});
+    }
+  }
+
+  struct M {
+    int64_t K, M, experts, b_cols, k, tokens;
+  };
+  auto expert_matmul = [&](DType d, const std::vector<M>& shapes) {
+    for (const M& s : shapes) {
+      Graph g;
+      TensorId a = weight(g, "a", d, {s.K, s.M, s.experts});
+      TensorId b = input(g, "b", DType::F32, {s.K, s.b_cols, s.tokens});
+      TensorId ids = input(g, "ids", DType::I32, {s.k, s.tokens});
+      g.expert_matmul(a, b, ids);
+      cat.add("expert_matmul/" + dt(d) + ".f32.i32/a" + dims({s.K, s.M, s.experts}) + "_b" +
+                  dims({s.K, s.b_cols, s.tokens}) + "_k" + std::to_string(s.k),
+              std::move(g), {{ids, Fill::RowIds, s.experts}});
+    }
+  };
+  for (DType d : kFloat) {
+    std::vector<M> shapes{{1, 1, 1, 1, 1, 1},    {37, 17, 4, 1, 2, 1}, {37, 17, 4, 2, 2, 5},
+                          {130, 33, 8, 1, 2, 9}, {64, 16, 3, 3, 3, 4}, {48, 5, 6, 1, 4, 17}};
+    if (cat.large()) shapes.push_back({1024, 512, 8, 1, 2, 33});
+    expert_matmul(d, shapes);
+  }
+  for (DType d : kQuantized) {
+    std::vector<M> shapes{{32, 1, 2, 1, 1, 1},  {64, 17, 4, 1, 2, 1}, {96, 33, 4, 2, 2, 5},
+                          {160, 7, 8, 1, 2, 9}, {64, 16, 3, 3, 3, 4}, {32, 5, 6, 1, 4, 17}};
+    if (cat.large()) shapes.push_back({1024, 512, 8, 1, 2, 33});
+    expert_matmul(d, shapes);
+  }
+  for (DType d : kKQuantDTypes) {
+    std::vector<M> shapes{
+        {256, 1, 2, 1, 1, 1}, {256, 17, 4, 1, 2, 1}, {512, 33, 4, 2, 2, 5}, {256, 7, 8, 1, 2, 9}};
+    if (cat.large()) shapes.push_back({1024, 128, 8, 1, 2, 33});
+    expert_matmul(d, shapes);
+  }
+
+  struct C {
+    int64_t n, k, tokens;
+  };
+  std::vector<C> combines{{1, 1, 1}, {37, 2, 5}, {64, 8, 9}, {33, 3, 1}};
+  if (cat.large()) combines.push_back({4096, 8, 33});
+  for (const C& c : combines) {
+    Graph g;
+    TensorId x = input(g, "experts", DType::F32, {c.n, c.k, c.tokens});
+    g.moe_combine(x, input(g, "weights", DType::F32, {c.k, c.tokens}));
+    cat.add("moe_combine/f32/" + dims({c.n, c.k, c.tokens}), std::move(g));
+  }
+}
+
 std::map<OpKind, CaseGenerator>& registered_generators() {
   static std::map<OpKind, CaseGenerator> generators;
   return generators;
@@ -361,9 +455,11 @@ std::vector<Case> builtin_cases(bool large) {
   softmax_cases(cat);
   norm_cases(cat);
   rope_cases(cat);
+  rope_neox_cases(cat);
   attention_cases(cat);
   dequantize_cases(cat);
   kv_write_cases(cat);
+  moe_cases(cat);
   add_edge_cases(cat);
   return cat.take();
 }

@@ -490,6 +490,54 @@ void kv_write_edges(Catalog& cat) {
 
 }  // namespace
 
+// RopeNeox at the drawn rope shapes' sizes: the pairs are half a rotated span apart.
+void rope_neox_edges(Catalog& cat) {
+  draw(cat, 16, 0x20BF, [&](Catalog& c, Draw& d) {
+    const int64_t dim = d.pick({2, 4, 6, 7, 8, 16, 18, 32, 33, 64, 65, 80, 128, 130});
+    const int64_t even = dim - dim % 2;
+    const int32_t n_rot = int32_t(d.percent(60) ? even : std::max<int64_t>(2, even / 2 & ~1));
+    const int64_t heads = d.pick({1, 2, 3, 5, 8}), tokens = d.pick({1, 2, 3, 7, 8, 9});
+    Graph g;
+    const TensorId x = input(g, "x", DType::F32, {dim, heads, tokens});
+    const TensorId pos = input(g, "pos", DType::I32, {tokens});
+    g.rope_neox(x, pos, n_rot, 1000000.0f);
+    return c.add_drawn(
+        "rope_neox/f32.i32/edge_" + dims({dim, heads, tokens}) + "_rot" + std::to_string(n_rot),
+        std::move(g), {{pos, Fill::RandomPositions, 4096}});
+  });
+}
+
+// Mixture of experts: routing over expert counts around the vector widths, and expert products
+// whose per-expert column counts straddle the CPU's tiles and its switch to 8-bit activations
+// (M x columns around 16), with b one column per token or one per chosen expert.
+void moe_edges(Catalog& cat) {
+  draw(cat, 12, 0x30E1, [&](Catalog& c, Draw& d) {
+    const int64_t experts = d.pick({1, 2, 3, 4, 7, 8, 9, 16, 17, 60, 64, 128});
+    const int64_t k = std::min(experts, d.pick({1, 2, 4, 8})), tokens = d.pick(kColsN);
+    Graph g;
+    g.moe_route(input(g, "logits", DType::F32, {experts, tokens}), int32_t(k));
+    return c.add_drawn("moe_route/f32/edge_" + dims({experts, tokens}) + "_k" + std::to_string(k),
+                       std::move(g));
+  });
+  auto products = [&](DType a_type, const Sizes& ks, int count, uint64_t seed) {
+    draw(cat, count, seed, [&](Catalog& c, Draw& d) {
+      const int64_t K = d.pick(ks), M = d.pick(kRowsM), experts = d.pick({1, 2, 3, 4, 8});
+      const int64_t k = d.pick({1, 2, 3, 4}), tokens = d.pick(kColsN);
+      const int64_t b_cols = d.percent(70) ? 1 : k;
+      Graph g;
+      const TensorId ids = input(g, "ids", DType::I32, {k, tokens});
+      g.expert_matmul(weight(g, "a", a_type, {K, M, experts}),
+                      input(g, "b", DType::F32, {K, b_cols, tokens}), ids);
+      return c.add_drawn("expert_matmul/" + dt(a_type) + ".f32.i32/edge_a" + dims({K, M, experts}) +
+                             "_b" + dims({K, b_cols, tokens}) + "_k" + std::to_string(k),
+                         std::move(g), {{ids, Fill::RowIds, experts}});
+    });
+  };
+  for (DType d : float_dtypes()) products(d, kFloatK, 8, 0x30E2 + uint64_t(d));
+  for (DType d : {DType::Q8_0, DType::Q4_0}) products(d, kBlockK, 8, 0x30E3 + uint64_t(d));
+  for (DType d : k_quant_dtypes()) products(d, kSuperK, 4, 0x30E4 + uint64_t(d));
+}
+
 void add_edge_cases(Catalog& cat) {
   copy_edges(cat);
   get_rows_edges(cat);
@@ -501,6 +549,8 @@ void add_edge_cases(Catalog& cat) {
   attention_edges(cat);
   dequantize_edges(cat);
   kv_write_edges(cat);
+  rope_neox_edges(cat);
+  moe_edges(cat);
 }
 
 }  // namespace tandem::conformance

@@ -205,12 +205,15 @@ double threshold_for(const Graph& graph, const Node& node) {
   switch (node.op) {
     case OpKind::MatMul:
     case OpKind::QuantizedMatMul:
+    case OpKind::ExpertMatMul:
       return kMatMulThreshold;
     case OpKind::Attention:
       return kAttentionThreshold;
     case OpKind::Softmax:
+    case OpKind::MoeWeights:
       return kSoftmaxThreshold;
     case OpKind::Rope:
+    case OpKind::RopeNeox:
       return kRopeThreshold;
     case OpKind::Copy:
       return dtype_traits(graph.tensor(node.id).dtype).is_quantized ? kQuantizeThreshold

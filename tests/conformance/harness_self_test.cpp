@@ -157,10 +157,12 @@ TEST(HarnessSelfTest, ThresholdsFollowTheDesign) {
   for (const Case& c : all_cases(false)) {
     const OpKind op = c.node().op;
     double want = kExactThreshold;
-    if (op == OpKind::MatMul || op == OpKind::QuantizedMatMul) want = 5e-4;
+    if (op == OpKind::MatMul || op == OpKind::QuantizedMatMul || op == OpKind::ExpertMatMul) {
+      want = 5e-4;
+    }
     if (op == OpKind::Attention) want = 5e-4;
-    if (op == OpKind::Softmax) want = 1e-6;
-    if (op == OpKind::Rope) want = 1e-3;
+    if (op == OpKind::Softmax || op == OpKind::MoeWeights) want = 1e-6;
+    if (op == OpKind::Rope || op == OpKind::RopeNeox) want = 1e-3;
     if (op == OpKind::Copy && dtype_traits(c.graph.tensor(c.node().id).dtype).is_quantized) {
       want = kQuantizeThreshold;
     }

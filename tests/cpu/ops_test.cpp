@@ -8,6 +8,7 @@
 #include "amx.h"
 #include "cpu_features.h"
 #include "op_compare.h"
+#include "reference_backend.h"
 #include "tandem/error.h"
 
 namespace tandem::cpu::cpu_test {
@@ -213,6 +214,56 @@ std::vector<OpCase> all_cases() {
                       500000.0f);
       },
       kRope, 100000);
+  add(
+      "rope_neox_partial",
+      [](Graph& g) {
+        return g.rope_neox(g.input("x", DType::F32, {128, 3, 2}), g.input("p", DType::I32, {2}), 64,
+                           1000000.0f);
+      },
+      kRope, 100000);
+  // Mixture of experts: routing, weights, the expert products in every weight type (ids drawn
+  // at random over 6 experts, repeats included) and the combine.
+  add(
+      "moe_route",
+      [](Graph& g) {
+        return g.moe_route(g.input("l", DType::F32, {16, 9}), 3);
+      },
+      kExact);
+  for (bool normalize : {false, true}) {
+    add(
+        std::string("moe_weights") + (normalize ? "_normalized" : ""),
+        [=](Graph& g) {
+          return g.moe_weights(g.input("l", DType::F32, {16, 9}), g.input("i", DType::I32, {3, 9}),
+                               normalize);
+        },
+        kSoftmax, 16);
+  }
+  for (DType d :
+       {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+    const int64_t K = is_k_quant(d) ? 256 : 96;
+    add(
+        "expert_matmul_" + std::string(dtype_name(d)),
+        [=](Graph& g) {
+          return g.expert_matmul(g.weight("a", d, {K, 33, 6}), g.input("b", DType::F32, {K, 1, 7}),
+                                 g.input("i", DType::I32, {2, 7}));
+        },
+        kMatMul, 6);
+  }
+  add(
+      "expert_matmul_column_per_choice",
+      [](Graph& g) {
+        return g.expert_matmul(g.weight("a", DType::Q8_0, {64, 20, 4}),
+                               g.input("b", DType::F32, {64, 3, 5}),
+                               g.input("i", DType::I32, {3, 5}));
+      },
+      kMatMul, 4);
+  add(
+      "moe_combine",
+      [](Graph& g) {
+        return g.moe_combine(g.input("x", DType::F32, {70, 3, 5}),
+                             g.input("w", DType::F32, {3, 5}));
+      },
+      kExact);
   // Attention over f32 and f16 caches, prefill (several tokens) and decode (one, long).
   for (DType kv : {DType::F32, DType::F16}) {
     const std::string t(dtype_name(kv));
@@ -369,6 +420,35 @@ TEST(CpuOpsErrors, BadPositionsAndIdsThrow) {
                    {{&g2.tensor(0), table.data()}, {&g2.tensor(1), &id}},
                    {&g2.tensor(rows), row.data()}};
   EXPECT_THROW(cpu.execute(g2, e2), Error);
+}
+
+// An expert id outside [0, n_expert) (the ids are data) is an error on the CPU and on the
+// reference, never a read out of bounds.
+TEST(CpuOpsErrors, ExpertIdsOutOfRangeThrow) {
+  CpuBackend cpu(2);
+  ReferenceBackend reference;
+  Graph g;
+  const TensorId y =
+      g.expert_matmul(g.weight("a", DType::F32, {4, 3, 2}), g.input("b", DType::F32, {4, 1, 1}),
+                      g.input("i", DType::I32, {1, 1}));
+  std::vector<float> a(24, 0.5f), b(4, 0.5f), out(3);
+  for (int32_t id : {-1, 2}) {
+    NodeExecution e{&g.node(y),
+                    {{&g.tensor(0), a.data()}, {&g.tensor(1), b.data()}, {&g.tensor(2), &id}},
+                    {&g.tensor(y), out.data()}};
+    EXPECT_THROW(cpu.execute(g, e), Error) << id;
+    EXPECT_THROW(reference.execute(g, e), Error) << id;
+  }
+  Graph g2;
+  const TensorId w =
+      g2.moe_weights(g2.input("l", DType::F32, {2, 1}), g2.input("i", DType::I32, {1, 1}), true);
+  std::vector<float> logits(2, 0.5f), weight(1);
+  int32_t bad = 2;
+  NodeExecution e2{&g2.node(w),
+                   {{&g2.tensor(0), logits.data()}, {&g2.tensor(1), &bad}},
+                   {&g2.tensor(w), weight.data()}};
+  EXPECT_THROW(cpu.execute(g2, e2), Error);
+  EXPECT_THROW(reference.execute(g2, e2), Error);
 }
 
 TEST(CpuOpsErrors, RefusesWhatItDoesNotDeclare) {

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <set>
 
 #include "tandem/error.h"
@@ -436,6 +438,210 @@ TEST(LlamaConfigTest, NamesTheMissingOrMisshapenTensor) {
   // Without output.weight the embeddings are tied.
   auto tied = llama_file(none, "output.weight");
   EXPECT_TRUE(LlamaConfig::from_gguf(gguf::File::parse(tied)).tied_embeddings);
+}
+
+// A tiny mixture-of-experts file built by hand (llama: Mixtral's layout; qwen3moe: with per-head
+// Q/K norms and expert_feed_forward_length), so one tensor can be left out or misshapen.
+std::vector<uint8_t> moe_file(const std::string& arch,
+                              const std::function<void(gguf::Writer&)>& edit_keys,
+                              const std::string& skip = "", const std::string& reshape = "") {
+  const bool qwen = arch == "qwen3moe";
+  const int64_t ff = qwen ? 32 : 96;  // rows of each expert
+  gguf::Writer w;
+  auto key = [&](const char* k) { return arch + "." + k; };
+  w.set_string("general.architecture", arch);
+  w.set_u32(key("context_length"), 128);
+  w.set_u32(key("embedding_length"), 64);
+  w.set_u32(key("block_count"), 2);
+  w.set_u32(key("feed_forward_length"), 96);
+  w.set_u32(key("attention.head_count"), 4);
+  w.set_u32(key("attention.head_count_kv"), 2);
+  w.set_f32(key("attention.layer_norm_rms_epsilon"), 1e-6f);
+  w.set_u32(key("expert_count"), 4);
+  w.set_u32(key("expert_used_count"), 2);
+  if (qwen) w.set_u32(key("expert_feed_forward_length"), uint32_t(ff));
+  w.set_string_array("tokenizer.ggml.tokens", std::vector<std::string>(40, ""));
+  edit_keys(w);
+  auto add = [&](const std::string& name, std::vector<int64_t> ne) {
+    if (name == skip) return;
+    if (name == reshape) ne[0] *= 2;
+    w.add_tensor_lazy(name, DType::F32, ne, [](uint8_t* d, size_t n) { std::memset(d, 0, n); });
+  };
+  add("token_embd.weight", {64, 40});
+  for (int l = 0; l < 2; ++l) {
+    add(llama_layer_tensor(l, "attn_norm.weight"), {64});
+    add(llama_layer_tensor(l, "attn_q.weight"), {64, 64});
+    add(llama_layer_tensor(l, "attn_k.weight"), {64, 32});
+    add(llama_layer_tensor(l, "attn_v.weight"), {64, 32});
+    add(llama_layer_tensor(l, "attn_output.weight"), {64, 64});
+    if (qwen) {
+      add(llama_layer_tensor(l, "attn_q_norm.weight"), {16});
+      add(llama_layer_tensor(l, "attn_k_norm.weight"), {16});
+    }
+    add(llama_layer_tensor(l, "ffn_norm.weight"), {64});
+    add(llama_layer_tensor(l, "ffn_gate_inp.weight"), {64, 4});
+    add(llama_layer_tensor(l, "ffn_gate_exps.weight"), {64, ff, 4});
+    add(llama_layer_tensor(l, "ffn_up_exps.weight"), {64, ff, 4});
+    add(llama_layer_tensor(l, "ffn_down_exps.weight"), {ff, 64, 4});
+  }
+  add("output_norm.weight", {64});
+  return w.to_bytes();
+}
+
+TEST(LlamaConfigTest, ReadsTheExpertLayouts) {
+  LlamaConfig mixtral = LlamaConfig::from_gguf(gguf::File::parse(moe_file("llama", [](auto&) {})));
+  EXPECT_EQ(mixtral.arch, "llama");
+  EXPECT_TRUE(mixtral.is_moe());
+  EXPECT_EQ(mixtral.n_expert, 4);
+  EXPECT_EQ(mixtral.n_expert_used, 2);
+  EXPECT_EQ(mixtral.n_ff_expert, 96);  // no expert_feed_forward_length: n_ff
+  EXPECT_TRUE(mixtral.norm_expert_weights);
+  EXPECT_FALSE(mixtral.qk_norm);
+  EXPECT_FALSE(mixtral.rope_neox);
+  LlamaConfig qwen = LlamaConfig::from_gguf(gguf::File::parse(moe_file("qwen3moe", [](auto&) {})));
+  EXPECT_EQ(qwen.arch, "qwen3moe");
+  EXPECT_EQ(qwen.n_expert, 4);
+  EXPECT_EQ(qwen.n_ff_expert, 32);
+  EXPECT_TRUE(qwen.norm_expert_weights);
+  EXPECT_TRUE(qwen.qk_norm);
+  EXPECT_TRUE(qwen.rope_neox);
+  // A dense llama file has no experts.
+  EXPECT_FALSE(LlamaConfig::from_gguf(gguf::File::parse(llama_file([](auto&) {}))).is_moe());
+}
+
+TEST(LlamaConfigTest, NamesTheBadExpertKeyOrTensor) {
+  struct Case {
+    std::string arch;
+    std::function<void(gguf::Writer&)> edit;
+    std::string skip, reshape, expect;
+  };
+  std::vector<Case> cases = {
+      {"llama", [](gguf::Writer& w) { w.set_u32("llama.expert_used_count", 5); }, "", "",
+       "'llama.expert_used_count'"},
+      {"llama", [](gguf::Writer& w) { w.set_u32("llama.expert_used_count", 0); }, "", "",
+       "'llama.expert_used_count'"},
+      {"llama", [](gguf::Writer& w) { w.set_u32("llama.expert_count", 100000); }, "", "",
+       "'llama.expert_count'"},
+      {"qwen3moe", [](gguf::Writer& w) { w.set_u32("qwen3moe.expert_count", 0); }, "", "",
+       "'qwen3moe.expert_count'"},
+      {"qwen3moe", [](gguf::Writer& w) { w.set_u32("qwen3moe.expert_feed_forward_length", 0); }, "",
+       "", "'qwen3moe.expert_feed_forward_length'"},
+      // Experts declared but the dense tensors expected: 0 experts reads as a dense model.
+      {"llama", [](gguf::Writer& w) { w.set_u32("llama.expert_count", 0); }, "", "",
+       "missing tensor 'blk.0.ffn_gate.weight'"},
+      {"llama", [](gguf::Writer&) {}, "blk.1.ffn_down_exps.weight", "",
+       "missing tensor 'blk.1.ffn_down_exps.weight'"},
+      {"llama", [](gguf::Writer&) {}, "blk.0.ffn_gate_inp.weight", "",
+       "missing tensor 'blk.0.ffn_gate_inp.weight'"},
+      {"llama", [](gguf::Writer&) {}, "", "blk.0.ffn_up_exps.weight", "'blk.0.ffn_up_exps.weight'"},
+      {"qwen3moe", [](gguf::Writer&) {}, "blk.1.attn_k_norm.weight", "",
+       "missing tensor 'blk.1.attn_k_norm.weight'"},
+      {"qwen3moe", [](gguf::Writer&) {}, "", "blk.0.attn_q_norm.weight",
+       "'blk.0.attn_q_norm.weight'"},
+  };
+  for (const auto& c : cases) {
+    std::string m = config_error(moe_file(c.arch, c.edit, c.skip, c.reshape));
+    EXPECT_NE(m.find(c.expect), std::string::npos) << c.expect << ": " << m;
+  }
+  std::string m =
+      config_error(moe_file("llama", [](gguf::Writer& w) { w.set_u32("llama.expert_count", 5); }));
+  EXPECT_NE(m.find("[64, 4, 1, 1], expected [64, 5, 1, 1]"), std::string::npos) << m;
+}
+
+TEST(Synthetic, ExpertPresetsHaveTheRealShapes) {
+  SyntheticSpec mixtral = synthetic_preset("mixtral-8x7b", DType::Q4_0);
+  EXPECT_EQ(mixtral.arch, "llama");
+  EXPECT_EQ(mixtral.n_embd, 4096);
+  EXPECT_EQ(mixtral.n_layer, 32);
+  EXPECT_EQ(mixtral.n_ff, 14336);
+  EXPECT_EQ(mixtral.n_expert, 8);
+  EXPECT_EQ(mixtral.n_expert_used, 2);
+  SyntheticSpec qwen = synthetic_preset("qwen3-30b-a3b", DType::Q4_0);
+  EXPECT_EQ(qwen.arch, "qwen3moe");
+  EXPECT_EQ(qwen.n_embd, 2048);
+  EXPECT_EQ(qwen.n_layer, 48);
+  EXPECT_EQ(qwen.n_head, 32);
+  EXPECT_EQ(qwen.n_head_kv, 4);
+  EXPECT_EQ(synthetic_head_dim(qwen), 128);
+  EXPECT_EQ(qwen.n_expert, 128);
+  EXPECT_EQ(qwen.n_expert_used, 8);
+  EXPECT_EQ(qwen.n_ff_expert, 768);
+  // The writers are lazy: building them validates the specs without generating anything.
+  EXPECT_NO_THROW(make_synthetic_writer(mixtral));
+  EXPECT_NO_THROW(make_synthetic_writer(qwen));
+  SyntheticSpec bad = synthetic_preset("tiny-moe");
+  bad.n_expert_used = 5;
+  error_of([&] { make_synthetic_writer(bad); }, ErrorCode::InvalidArgument);
+  bad = synthetic_preset("tiny-moe");
+  bad.moe_skew = -1.0f;
+  error_of([&] { make_synthetic_writer(bad); }, ErrorCode::InvalidArgument);
+  bad = synthetic_preset("tiny-qwen3moe");
+  bad.n_expert = 0;
+  error_of([&] { make_synthetic_writer(bad); }, ErrorCode::InvalidArgument);
+}
+
+TEST(Synthetic, TinyExpertModelsLoad) {
+  for (const char* preset : {"tiny-moe", "tiny-qwen3moe"}) {
+    for (DType dtype : {DType::F32, DType::Q4_0}) {
+      SyntheticSpec spec = synthetic_preset(preset, dtype, 3);
+      spec.threads = 1;
+      const std::vector<uint8_t> bytes = make_synthetic_writer(spec).to_bytes();
+      gguf::File f = gguf::File::parse(bytes);  // reads `bytes` in place
+      LlamaConfig c = LlamaConfig::from_gguf(f);
+      EXPECT_EQ(c.arch, spec.arch) << preset;
+      EXPECT_EQ(c.n_expert, spec.n_expert) << preset;
+      EXPECT_EQ(c.n_expert_used, spec.n_expert_used) << preset;
+      EXPECT_EQ(c.head_dim, synthetic_head_dim(spec)) << preset;
+      // The router stays F32 in every file type; the experts take the file's type.
+      EXPECT_EQ(f.find_tensor("blk.0.ffn_gate_inp.weight")->dtype, DType::F32);
+      EXPECT_EQ(f.find_tensor("blk.1.ffn_up_exps.weight")->dtype, dtype);
+      EXPECT_EQ(f.find_tensor("blk.1.ffn_up_exps.weight")->n_dims, 3);
+    }
+  }
+}
+
+// How often each expert is among a token's top k under the router of layer 0, for random
+// normalized hidden states.
+std::vector<int> expert_wins(const SyntheticSpec& spec, int tokens) {
+  const std::vector<uint8_t> bytes = make_synthetic_writer(spec).to_bytes();
+  gguf::File f = gguf::File::parse(bytes);  // reads `bytes` in place
+  const gguf::TensorInfo* router = f.find_tensor("blk.0.ffn_gate_inp.weight");
+  std::vector<float> w(static_cast<size_t>(spec.n_embd * spec.n_expert));
+  std::memcpy(w.data(), router->data, w.size() * sizeof(float));
+  std::mt19937 rng(42);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<int> wins(static_cast<size_t>(spec.n_expert));
+  std::vector<float> h(static_cast<size_t>(spec.n_embd));
+  std::vector<std::pair<float, int>> logits(static_cast<size_t>(spec.n_expert));
+  for (int t = 0; t < tokens; ++t) {
+    for (float& v : h) v = normal(rng);
+    for (int64_t e = 0; e < spec.n_expert; ++e) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < spec.n_embd; ++i)
+        acc += w[size_t(e * spec.n_embd + i)] * h[size_t(i)];
+      logits[size_t(e)] = {acc, int(e)};
+    }
+    std::partial_sort(logits.begin(), logits.begin() + spec.n_expert_used, logits.end(),
+                      std::greater<>());
+    for (int64_t j = 0; j < spec.n_expert_used; ++j) ++wins[size_t(logits[size_t(j)].second)];
+  }
+  return wins;
+}
+
+TEST(Synthetic, MoeSkewMakesSomeExpertsWinFarMoreOften) {
+  SyntheticSpec spec = synthetic_preset("tiny-moe", DType::F32, 9);
+  spec.n_expert = 8;
+  spec.threads = 1;
+  const auto ratio = [](const std::vector<int>& wins) {
+    const auto [lo, hi] = std::minmax_element(wins.begin(), wins.end());
+    return double(*hi) / double(std::max(1, *lo));
+  };
+  const std::vector<int> even = expert_wins(spec, 2000);
+  spec.moe_skew = 6.0f;
+  const std::vector<int> skewed = expert_wins(spec, 2000);
+  EXPECT_LT(ratio(even), 2.0);
+  EXPECT_GT(ratio(skewed), 5.0);
+  EXPECT_GT(skewed[0], skewed[7]);  // the low-numbered experts are the favoured ones
 }
 
 }  // namespace

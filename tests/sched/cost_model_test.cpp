@@ -90,6 +90,28 @@ TEST(CostModel, ExactWorkForEveryOp) {
   TensorId src = g.input("src", DType::F32, {16, 2, 3});
   TensorId pos3 = g.input("pos3", DType::I32, {3});
   expect_work(g, g.kv_write(kh, src, pos3), {0, 384 + 12 + 192, F32});
+  // RopeNeox: as Rope.
+  expect_work(g, g.rope_neox(xr, pos, 8, 10000.0f), {3.0 * 8 * 20, 1280 + 20 + 1280, F32});
+  // Mixture of experts. logits f32 [8, 3] (96 B), ids i32 [2, 3] (24 B).
+  TensorId logits = g.input("logits", DType::F32, {8, 3});
+  TensorId route = g.moe_route(logits, 2);  // one comparison per expert per pick
+  expect_work(g, route, {8 * 3 * 2, 96 + 24, F32});
+  expect_work(g, g.moe_weights(logits, route, true), {3 * 24, 96 + 24 + 24, F32});
+  // ExpertMatMul reads only the chosen experts' matrices: q8_0 [64, 32, 8] is 8 * 2176 B, of
+  // which 6 (token, choice) pairs read at most 6; b f32 [64, 1, 3], out f32 [32, 2, 3].
+  TensorId experts = g.weight("experts", DType::Q8_0, {64, 32, 8});
+  TensorId xe = g.input("xe", DType::F32, {64, 1, 3});
+  expect_work(g, g.expert_matmul(experts, xe, route),
+              {2.0 * 64 * 32 * 6, 6 * 2176 + 768 + 24 + 768, DTypeClass::Quantized});
+  // Ten pairs over eight experts read every matrix once.
+  TensorId ids5 = g.input("ids5", DType::I32, {2, 5});
+  TensorId xe5 = g.input("xe5", DType::F32, {64, 1, 5});
+  expect_work(g, g.expert_matmul(experts, xe5, ids5),
+              {2.0 * 64 * 32 * 10, 8 * 2176 + 1280 + 40 + 1280, DTypeClass::Quantized});
+  // MoeCombine: a multiply and an add per expert output element. [32, 2, 3] -> [32, 3].
+  TensorId outs = g.input("outs", DType::F32, {32, 2, 3});
+  TensorId gates = g.input("gates", DType::F32, {2, 3});
+  expect_work(g, g.moe_combine(outs, gates), {2.0 * 192, 768 + 24 + 384, F32});
   // Leaves and metadata do no work.
   expect_work(g, x, {0, 0, F32});
   expect_work(g, g.reshape(x, {320}), {0, 0, F32});

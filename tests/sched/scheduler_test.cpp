@@ -765,7 +765,7 @@ TEST(Scheduler, PlacementPrintsATable) {
 }
 
 TEST(Capabilities, DescribedAsTextAndJson) {
-  auto gpu = make_gpu("gpu", caps_without({OpKind::Rope}));
+  auto gpu = make_gpu("gpu", caps_without({OpKind::Rope, OpKind::RopeNeox}));
   std::string text = describe_capabilities(*gpu);
   EXPECT_NE(text.find("backend gpu (gpu)"), std::string::npos);
   EXPECT_NE(text.find("quantized_matmul"), std::string::npos);

@@ -224,6 +224,51 @@ TEST_F(GraphRejects, MismatchedShapes) {
                "graph copy", {"33", "q8_0"});
 }
 
+TEST_F(GraphRejects, MixtureOfExpertsShapes) {
+  TensorId logits = g.input("logits", DType::F32, {8, 5});
+  expect_error([&] { g.moe_route(logits, 0); }, kInvalid, "graph moe_route",
+               {"top_k 0 must be in [1, 8]"});
+  expect_error([&] { g.moe_route(logits, 9); }, kInvalid, "graph moe_route", {"top_k 9"});
+  expect_error([&] { g.moe_route(x3, 2); }, kInvalid, "graph moe_route",
+               {"[64, 4, 5] must be [n_expert, tokens]"});
+  TensorId ids = g.moe_route(logits, 2);
+  expect_desc(g, ids, DType::I32, {2, 5, 1, 1}, 2);
+  expect_error(
+      [&] {
+        g.moe_weights(logits, g.input("ids4", DType::I32, {2, 4}), false);
+      },
+      kInvalid, "graph moe_weights", {"'ids4' [2, 4] must be [k, 5]"});
+  expect_error([&] { g.moe_weights(logits, i32, false); }, kInvalid, "graph moe_weights",
+               {"'ids' [5] must be [k, 5]"});
+  TensorId experts = g.weight("experts", DType::Q4_0, {64, 16, 8});
+  TensorId cols = g.input("cols", DType::F32, {64, 1, 5});
+  expect_desc(g, g.expert_matmul(experts, cols, ids), DType::F32, {16, 2, 5, 1}, 3);
+  expect_error(
+      [&] {
+        g.expert_matmul(experts, g.input("c32", DType::F32, {32, 1, 5}), ids);
+      },
+      kInvalid, "graph expert_matmul", {"same K", "[64, 16, 8]", "[32, 1, 5]"});
+  expect_error(
+      [&] {
+        g.expert_matmul(experts, g.input("c3", DType::F32, {64, 3, 5}), ids);
+      },
+      kInvalid, "graph expert_matmul", {"must have 1 or 2 columns per token"});
+  expect_error(
+      [&] {
+        g.expert_matmul(experts, g.input("c6", DType::F32, {64, 1, 6}), ids);
+      },
+      kInvalid, "graph expert_matmul", {"must be [k, 6]"});
+  TensorId outs = g.input("outs", DType::F32, {16, 2, 5});
+  expect_desc(g, g.moe_combine(outs, g.moe_weights(logits, ids, true)), DType::F32, {16, 5, 1, 1},
+              2);
+  expect_error(
+      [&] {
+        g.moe_combine(outs, g.input("w3", DType::F32, {3, 5}));
+      },
+      kInvalid, "graph moe_combine", {"[16, 2, 5]", "[3, 5]"});
+  expect_error([&] { g.rope_neox(x3, i32, 65, 1e4f); }, kInvalid, "graph rope_neox", {"n_rot 65"});
+}
+
 TEST_F(GraphRejects, WrongDTypes) {
   expect_error([&] { g.matmul(x, w); }, kInvalid, "graph matmul",
                {"b 'w' has dtype f16 (expected f32)"});

@@ -1,5 +1,7 @@
-// Hyperparameters of a `llama` GGUF model (Llama 2/3, Mistral-style dense), read and validated
-// from the metadata, with every tensor the graph builder needs checked for presence and shape.
+// Hyperparameters of a LLaMA-family GGUF model, read and validated from the metadata, with every
+// tensor the graph builder needs checked for presence and shape: `llama` (Llama 2/3, Mistral;
+// with `<arch>.expert_count` > 0 the Mixtral mixture of experts) and `qwen3moe` (Qwen3's experts,
+// per-head Q/K RMSNorm and NeoX RoPE). Keys are read under the architecture's prefix.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,7 @@
 namespace tandem {
 
 struct LlamaConfig {
+  std::string arch = "llama";       // general.architecture: "llama" or "qwen3moe"
   std::string name;                 // general.name, "" if absent
   int64_t n_vocab = 0;              // tokens (tokenizer.ggml.tokens / token_embd rows)
   int64_t n_embd = 0;               // llama.embedding_length
@@ -26,9 +29,18 @@ struct LlamaConfig {
   bool tied_embeddings = false;     // no output.weight: the output reuses token_embd.weight
   int32_t bos_token_id = -1;        // tokenizer.ggml.bos_token_id, -1 if absent
   int32_t eos_token_id = -1;        // tokenizer.ggml.eos_token_id, -1 if absent
+  // Mixture of experts (0 experts: the dense feed-forward block of ffn_gate / ffn_up / ffn_down).
+  int64_t n_expert = 0;       // <arch>.expert_count
+  int64_t n_expert_used = 0;  // <arch>.expert_used_count, in [1, n_expert]
+  int64_t n_ff_expert = 0;    // rows of each expert: <arch>.expert_feed_forward_length or n_ff
+  bool norm_expert_weights = false;  // the chosen experts' weights rescaled to sum to 1
+  bool qk_norm = false;    // per-head RMSNorm of Q and K before RoPE (attn_q_norm, attn_k_norm)
+  bool rope_neox = false;  // RoPE rotates (x[i], x[i + n_rot/2]) rather than adjacent pairs
+
+  bool is_moe() const { return n_expert > 0; }
 
   // Reads and validates the config. A wrong or missing key is Error{Format} naming the key; a
-  // missing or misshapen tensor is Error{Format} naming the tensor; a different
+  // missing or misshapen tensor is Error{Format} naming the tensor; another
   // general.architecture is Error{Unsupported}.
   static LlamaConfig from_gguf(const gguf::File& file);
 };

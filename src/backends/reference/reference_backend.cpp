@@ -24,6 +24,7 @@ void add_norm_kernels(KernelTable<ReferenceKernel>& rows);  // RmsNorm, LayerNor
 void add_rope_kernels(KernelTable<ReferenceKernel>& rows);
 void add_attention_kernels(KernelTable<ReferenceKernel>& rows);
 void add_kv_write_kernels(KernelTable<ReferenceKernel>& rows);
+void add_moe_kernels(KernelTable<ReferenceKernel>& rows);  // routing, expert products, combine
 
 }  // namespace reference
 
@@ -67,7 +68,7 @@ KernelTable<ReferenceKernel>& reference_kernels() {
   static KernelTable<ReferenceKernel> table = rows_of_families<ReferenceKernel>(
       {add_copy_kernels, add_get_rows_kernels, add_matmul_kernels, add_elementwise_kernels,
        add_softmax_kernels, add_norm_kernels, add_rope_kernels, add_attention_kernels,
-       add_kv_write_kernels});
+       add_kv_write_kernels, add_moe_kernels});
   return table;
 }
 

@@ -17,6 +17,7 @@ std::span<const OpDescriptor> softmax_ops();
 std::span<const OpDescriptor> norm_ops();
 std::span<const OpDescriptor> rope_ops();
 std::span<const OpDescriptor> attention_ops();  // Attention, KvWrite
+std::span<const OpDescriptor> moe_ops();        // MoeRoute, MoeWeights, ExpertMatMul, MoeCombine
 
 // A contiguous output of `dtype` shaped like `like`.
 inline TensorDesc contiguous(DType dtype, const Dims& ne, int n_dims) {

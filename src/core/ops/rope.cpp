@@ -1,5 +1,6 @@
 // RoPE as llama.cpp's `llama` models use it: adjacent pairs (x[2i], x[2i+1]) of the first n_rot
-// dims rotated by pos * freq_base^(-2i/n_rot).
+// dims rotated by pos * freq_base^(-2i/n_rot); RopeNeox (Qwen, GPT-NeoX) rotates the pairs
+// (x[i], x[i + n_rot/2]) by the same angles.
 #include "families.h"
 
 namespace tandem::ops {
@@ -32,6 +33,14 @@ constexpr OpDescriptor kOps[] = {
     {.op = OpKind::Rope,
      .name = "rope",
      .doc = "rotates adjacent pairs of the first n_rot dims by pos * base^(-2i/n_rot)",
+     .min_inputs = 2,
+     .max_inputs = 2,
+     .attributes = kAttrNRot | kAttrFreqBase,
+     .infer = infer_rope,
+     .work = work_rope},
+    {.op = OpKind::RopeNeox,
+     .name = "rope_neox",
+     .doc = "rotates pairs (x[i], x[i + n_rot/2]) by pos * base^(-2i/n_rot)",
      .min_inputs = 2,
      .max_inputs = 2,
      .attributes = kAttrNRot | kAttrFreqBase,

@@ -21,7 +21,7 @@ class OpTable {
   OpTable() {
     for (auto family :
          {ops::leaf_ops, ops::layout_ops, ops::copy_ops, ops::matmul_ops, ops::elementwise_ops,
-          ops::softmax_ops, ops::norm_ops, ops::rope_ops, ops::attention_ops}) {
+          ops::softmax_ops, ops::norm_ops, ops::rope_ops, ops::attention_ops, ops::moe_ops}) {
       for (const OpDescriptor& d : family()) slots_[size_t(d.op)].store(&d);
     }
     for (int i = 0; i < kOpKindCount; ++i) {

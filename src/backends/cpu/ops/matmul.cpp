@@ -36,8 +36,10 @@ void f32_tiles(const Kernels& k, const float* a, const float* b, float* out, int
   });
 }
 
-void matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* a, const float* b, float* out,
-               int64_t M, int64_t N, int64_t K) {
+}  // namespace
+
+void float_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* a, const float* b,
+                     float* out, int64_t M, int64_t N, int64_t K) {
   const Kernels& k = ctx.k;
   if (dtype == DType::F32 && use_blas(ctx.blas, M, N, K)) {
     make_openblas_single_threaded();
@@ -73,8 +75,6 @@ void matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* a, const float*
   });
 }
 
-}  // namespace
-
 void split_output(ThreadPool& pool, int64_t M, int64_t N,
                   const std::function<void(int64_t, int64_t, int64_t, int64_t)>& fn) {
   if (M >= N || M >= int64_t(pool.size()) * kTileRows * 4) {
@@ -97,8 +97,8 @@ void run_matmul(const OpContext& ctx, const NodeExecution& e) {
     for (int64_t i2 = 0; i2 < b.ne[2]; ++i2) {
       const int64_t a2 = i2 / (b.ne[2] / a.ne[2]), a3 = i3 / (b.ne[3] / a.ne[3]);
       const int64_t batch = i3 * b.ne[2] + i2;
-      matmul_2d(ctx, a.dtype, abase + a2 * a.nb[2] + a3 * a.nb[3], bdata + batch * K * N,
-                out + batch * M * N, M, N, K);
+      float_matmul_2d(ctx, a.dtype, abase + a2 * a.nb[2] + a3 * a.nb[3], bdata + batch * K * N,
+                      out + batch * M * N, M, N, K);
     }
 }
 

@@ -32,6 +32,14 @@ KernelTable<Kernel>& kernel_table();
 void row_to_f32(const Kernels& k, DType dtype, const void* src, float* dst, int64_t n);
 void row_from_f32(const Kernels& k, DType dtype, const float* src, void* dst, int64_t n);
 
+// One matrix product a [K, M] x b [K, N] -> out [M, N] (b and out contiguous), split over the
+// pool: float weights (F32, F16, BF16; ops/matmul.cpp) or GGUF blocks with rows wrb bytes apart
+// (ops/quantized_matmul.cpp). MatMul and ExpertMatMul share them.
+void float_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* a, const float* b,
+                     float* out, int64_t M, int64_t N, int64_t K);
+void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, size_t wrb,
+                         const float* b, float* out, int64_t M, int64_t N, int64_t K);
+
 // Splits an M x N output (M weight rows, N activation columns) over the pool: by rows in
 // multiples of kTileRows when there are enough, else by columns. fn(m0, m1, n0, n1).
 void split_output(ThreadPool& pool, int64_t M, int64_t N,

@@ -68,17 +68,17 @@ struct ActivationScratch {
   std::vector<int32_t> bias;
 };
 
-void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
-  const TensorDesc& a = *e.inputs[0].desc;
-  const TensorDesc& b = *e.inputs[1].desc;
-  const int64_t K = a.ne[0], M = a.ne[1], N = b.ne[1], nb = K / kQuantBlock;
-  const auto* abase = static_cast<const uint8_t*>(e.inputs[0].data);
-  const auto* bdata = static_cast<const float*>(e.inputs[1].data);
-  auto* out = static_cast<float*>(e.output.data);
-  const size_t wrb = size_t(a.nb[1]);
+}  // namespace
+
+void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, size_t wrb,
+                         const float* b, float* out, int64_t M, int64_t N, int64_t K) {
   const Kernels& k = ctx.k;
+  if (!int8_activations(M, N)) {
+    exact_matmul_2d(k, dtype, w, wrb, b, out, M, N, K);
+    return;
+  }
   auto tile = k.q8_0_tile;
-  switch (a.dtype) {
+  switch (dtype) {
     case DType::Q4_0:
       tile = k.q4_0_tile;
       break;
@@ -94,48 +94,46 @@ void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
     default:
       break;
   }
-  if (!int8_activations(M, N)) {
-    for (int64_t i3 = 0; i3 < b.ne[3]; ++i3)
-      for (int64_t i2 = 0; i2 < b.ne[2]; ++i2) {
-        const int64_t a2 = i2 / (b.ne[2] / a.ne[2]), a3 = i3 / (b.ne[3] / a.ne[3]);
-        const int64_t batch = i3 * b.ne[2] + i2;
-        exact_matmul_2d(k, a.dtype, abase + a2 * a.nb[2] + a3 * a.nb[3], wrb, bdata + batch * K * N,
-                        out + batch * M * N, M, N, K);
-      }
-    return;
-  }
-
+  const int64_t nb = K / kQuantBlock;
   thread_local ActivationScratch tls_scratch;
   ActivationScratch& scratch = tls_scratch;  // the caller's, also inside worker tasks
   scratch.qs.resize(size_t(N * K));
   scratch.d.resize(size_t(N * nb));
   scratch.bias.resize(size_t(N * nb * kBiasLanes));
   const QuantizedActivations act{scratch.qs.data(), scratch.d.data(), scratch.bias.data(), K};
+  ctx.pool.parallel_for(
+      N, std::max<int64_t>(1, kElementwiseGrain / K), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          k.quantize_activations(b + c * K, K, scratch.qs.data() + c * K, scratch.d.data() + c * nb,
+                                 scratch.bias.data() + c * nb * kBiasLanes);
+        }
+      });
+  if (ctx.amx && !is_k_quant(dtype) && N >= kAmxMinCols && M >= amx::kTile) {
+    amx_matmul_2d(ctx.pool, dtype == DType::Q4_0, w, wrb, act, out, M, N);
+    return;
+  }
+  split_output(ctx.pool, M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
+      tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
+    });
+  });
+}
 
+namespace {
+
+void run_quantized_matmul(const OpContext& ctx, const NodeExecution& e) {
+  const TensorDesc& a = *e.inputs[0].desc;
+  const TensorDesc& b = *e.inputs[1].desc;
+  const int64_t K = a.ne[0], M = a.ne[1], N = b.ne[1];
+  const auto* abase = static_cast<const uint8_t*>(e.inputs[0].data);
+  const auto* bdata = static_cast<const float*>(e.inputs[1].data);
+  auto* out = static_cast<float*>(e.output.data);
   for (int64_t i3 = 0; i3 < b.ne[3]; ++i3)
     for (int64_t i2 = 0; i2 < b.ne[2]; ++i2) {
       const int64_t a2 = i2 / (b.ne[2] / a.ne[2]), a3 = i3 / (b.ne[3] / a.ne[3]);
       const int64_t batch = i3 * b.ne[2] + i2;
-      const float* bmat = bdata + batch * K * N;
-      float* omat = out + batch * M * N;
-      const uint8_t* w = abase + a2 * a.nb[2] + a3 * a.nb[3];
-      ctx.pool.parallel_for(N, std::max<int64_t>(1, kElementwiseGrain / K),
-                            [&](int64_t c0, int64_t c1) {
-                              for (int64_t c = c0; c < c1; ++c) {
-                                k.quantize_activations(bmat + c * K, K, scratch.qs.data() + c * K,
-                                                       scratch.d.data() + c * nb,
-                                                       scratch.bias.data() + c * nb * kBiasLanes);
-                              }
-                            });
-      if (ctx.amx && !is_k_quant(a.dtype) && N >= kAmxMinCols && M >= amx::kTile) {
-        amx_matmul_2d(ctx.pool, a.dtype == DType::Q4_0, w, wrb, act, omat, M, N);
-        continue;
-      }
-      split_output(ctx.pool, M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-        for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
-          tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, omat + n * M + m, M);
-        });
-      });
+      quantized_matmul_2d(ctx, a.dtype, abase + a2 * a.nb[2] + a3 * a.nb[3], size_t(a.nb[1]),
+                          bdata + batch * K * N, out + batch * M * N, M, N, K);
     }
 }
 

@@ -1,4 +1,5 @@
-// RoPE (llama: adjacent pairs) over x [head_dim, heads, tokens], angles in float64.
+// RoPE over x [head_dim, heads, tokens], angles in float64: llama's adjacent pairs (Rope) or
+// NeoX's halves (RopeNeox).
 #include <cmath>
 
 #include "ops.h"
@@ -7,7 +8,9 @@ namespace tandem::reference {
 
 namespace {
 
-void run_rope(const NodeExecution& e) {
+// Rotates the pairs (x[i], x[i + half]) for i < n_rot/2 with half = 1 (llama, i even) or
+// n_rot/2 (NeoX).
+void rope(const NodeExecution& e, bool neox) {
   const OpParams& p = e.node->params;
   const TensorDesc& a = *e.inputs[0].desc;
   const float* x = f32(e.inputs[0]);
@@ -22,17 +25,27 @@ void run_rope(const NodeExecution& e) {
       for (int64_t i = 0; i < p.n_rot; i += 2) {
         double theta = double(pos[t]) * std::pow(double(p.freq_base), -double(i) / p.n_rot);
         double c = std::cos(theta), s = std::sin(theta);
-        double x0 = xr[i], x1 = xr[i + 1];
-        orow[i] = float(x0 * c - x1 * s);
-        orow[i + 1] = float(x0 * s + x1 * c);
+        const int64_t i0 = neox ? i / 2 : i, i1 = neox ? i / 2 + p.n_rot / 2 : i + 1;
+        double x0 = xr[i0], x1 = xr[i1];
+        orow[i0] = float(x0 * c - x1 * s);
+        orow[i1] = float(x0 * s + x1 * c);
       }
     }
+}
+
+void run_rope(const NodeExecution& e) {
+  rope(e, false);
+}
+
+void run_rope_neox(const NodeExecution& e) {
+  rope(e, true);
 }
 
 }  // namespace
 
 void add_rope_kernels(KernelTable<ReferenceKernel>& rows) {
   rows.add(OpKind::Rope, {DType::F32, DType::I32}, run_rope);
+  rows.add(OpKind::RopeNeox, {DType::F32, DType::I32}, run_rope_neox);
 }
 
 }  // namespace tandem::reference
