@@ -527,17 +527,13 @@ TEST(CudaOps, TransformerBlockAsOneSegment) {
 
 // Each family file adds its own rows and ops/dispatch.cpp lists the families: a family missing
 // from the list leaves its ops undeclared. The rows exist without a GPU, so this always runs.
-// The mixture-of-experts ops and RopeNeox have no CUDA kernels yet: the scheduler places them on
-// the CPU. Once a row declares one, it leaves this list.
 TEST(CudaKernelRows, DeclareEveryComputeOp) {
   const std::vector<OpCapability>& rows = cuda::kernel_table().capabilities();
-  const std::set<OpKind> not_yet_on_cuda{OpKind::MoeRoute, OpKind::MoeWeights, OpKind::ExpertMatMul,
-                                         OpKind::MoeCombine, OpKind::RopeNeox};
   for (int i = 0; i < kOpKindCount; ++i) {
     const auto op = OpKind(i);
     bool declared = false;
     for (const OpCapability& row : rows) declared |= row.op == op;
-    EXPECT_EQ(declared, is_compute(op) && !not_yet_on_cuda.count(op)) << op_name(op);
+    EXPECT_EQ(declared, is_compute(op)) << op_name(op);
   }
 }
 

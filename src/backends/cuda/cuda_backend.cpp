@@ -578,11 +578,16 @@ void CudaBackend::check_device_errors() {
   const int32_t code = *reinterpret_cast<volatile int32_t*>(error_flag_host_);
   if (code == cuda::kDeviceOk) return;
   *reinterpret_cast<volatile int32_t*>(error_flag_host_) = cuda::kDeviceOk;
-  throw_error(ErrorCode::InvalidArgument,
-              state_.id + (code == cuda::kRowIdOutOfRange ? " get_rows" : " attention/kv_write"),
-              code == cuda::kRowIdOutOfRange
-                  ? "a row id was outside the table (rows left as zeros)"
-                  : "a position was outside the KV cache (the token was skipped)");
+  if (code == cuda::kRowIdOutOfRange) {
+    throw_error(ErrorCode::InvalidArgument, state_.id + " get_rows",
+                "a row id was outside the table (rows left as zeros)");
+  }
+  if (code == cuda::kExpertIdOutOfRange) {
+    throw_error(ErrorCode::InvalidArgument, state_.id + " moe_weights/expert_matmul",
+                "an expert id was outside [0, n_expert) (its rows left as zeros)");
+  }
+  throw_error(ErrorCode::InvalidArgument, state_.id + " attention/kv_write",
+              "a position was outside the KV cache (the token was skipped)");
 }
 
 void CudaBackend::synchronize() {

@@ -15,6 +15,7 @@ void add_norm_kernels(KernelTable<Kernel>& rows);  // RmsNorm, LayerNorm
 void add_rope_kernels(KernelTable<Kernel>& rows);
 void add_attention_kernels(KernelTable<Kernel>& rows);
 void add_kv_write_kernels(KernelTable<Kernel>& rows);
+void add_moe_kernels(KernelTable<Kernel>& rows);  // MoeRoute, MoeWeights, ExpertMatMul, MoeCombine
 
 namespace {
 
@@ -34,7 +35,7 @@ KernelTable<Kernel>& kernel_table() {
   static KernelTable<Kernel> table = rows_of_families<Kernel>(
       {add_copy_kernels, add_get_rows_kernels, add_matmul_kernels, add_quantized_matmul_kernels,
        add_elementwise_kernels, add_softmax_kernels, add_norm_kernels, add_rope_kernels,
-       add_attention_kernels, add_kv_write_kernels});
+       add_attention_kernels, add_kv_write_kernels, add_moe_kernels});
   return table;
 }
 

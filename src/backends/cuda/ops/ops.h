@@ -21,6 +21,7 @@ enum DeviceErrorCode : int32_t {
   kDeviceOk = 0,
   kRowIdOutOfRange = 1,
   kPositionOutOfRange = 2,
+  kExpertIdOutOfRange = 3,
 };
 
 struct OpContext {

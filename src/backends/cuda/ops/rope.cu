@@ -1,5 +1,6 @@
-// RoPE on adjacent pairs: one thread per element, angles in double (exact positions matter
-// more than the few extra cycles of a memory-bound op). Also the fused launch of a layer's RoPE
+// RoPE: Rope rotates adjacent pairs (llama), RopeNeox the pairs (x[i], x[i + n_rot/2]) (GPT-NeoX,
+// Qwen). One thread per element, angles in double (exact positions matter more than the few
+// extra cycles of a memory-bound op). Also the fused launch of a layer's RoPE
 // of Q and K with the KV-cache writes that follow it (run_fused_rope_kv_write).
 #include <array>
 
@@ -10,23 +11,27 @@ namespace tandem::cuda {
 
 namespace {
 
-// Element idx of RoPE(x) for x contiguous [d, heads, T], i = idx % d, at position pos.
+// Element idx of RoPE(x) for x contiguous [d, heads, T], i = idx % d, at position pos: pair j
+// (angle pos * base^(-2j / n_rot)) is (2j, 2j + 1), or with neox (j, j + n_rot / 2).
 __device__ __forceinline__ float rope_element(const float* x, int64_t idx, int64_t i, int32_t pos,
-                                              int n_rot, double log_base) {
+                                              int n_rot, double log_base, bool neox = false) {
   if (i >= n_rot) return x[idx];
-  const int64_t even = i & ~int64_t(1);
-  const double theta = double(pos) * exp(-double(even) / n_rot * log_base);
+  const int64_t half = n_rot / 2;
+  const int64_t j = neox ? (i < half ? i : i - half) : i / 2;
+  const bool first = neox ? i < half : (i & 1) == 0;
+  const int64_t i0 = idx - i + (neox ? j : 2 * j), i1 = i0 + (neox ? half : 1);
+  const double theta = double(pos) * exp(-double(2 * j) / n_rot * log_base);
   double s, c;
   sincos(theta, &s, &c);
-  const double x0 = x[idx - (i - even)], x1 = x[idx - (i - even) + 1];
-  return float(i == even ? x0 * c - x1 * s : x0 * s + x1 * c);
+  const double x0 = x[i0], x1 = x[i1];
+  return float(first ? x0 * c - x1 * s : x0 * s + x1 * c);
 }
 
 __global__ void rope_kernel(const float* x, const int32_t* pos, float* out, int64_t d,
-                            int64_t heads, int64_t n, int n_rot, double log_base) {
+                            int64_t heads, int64_t n, int n_rot, double log_base, bool neox) {
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    out[idx] = rope_element(x, idx, idx % d, pos[idx / (d * heads)], n_rot, log_base);
+    out[idx] = rope_element(x, idx, idx % d, pos[idx / (d * heads)], n_rot, log_base, neox);
   }
 }
 
@@ -37,7 +42,7 @@ void run_rope(const OpContext& ctx, const NodeExecution& e) {
   rope_kernel<<<grid_1d(n, kThreads), kThreads, 0, ctx.stream>>>(
       static_cast<const float*>(e.inputs[0].data), static_cast<const int32_t*>(e.inputs[1].data),
       static_cast<float*>(e.output.data), x.ne[0], x.ne[1], n, e.node->params.n_rot,
-      log(double(e.node->params.freq_base)));
+      log(double(e.node->params.freq_base)), e.node->op == OpKind::RopeNeox);
   ctx.check_launch("rope");
 }
 
@@ -57,6 +62,7 @@ constexpr int kMaxRopeKvParts = 4;
 struct RopeKvParts {
   std::array<RopeKvPart, kMaxRopeKvParts> part;
   int count = 0;
+  bool neox = false;  // every rotated part: RopeNeox
 };
 
 __global__ void rope_kv_write_kernel(RopeKvParts parts, const int32_t* pos, int n_rot,
@@ -72,7 +78,8 @@ __global__ void rope_kv_write_kernel(RopeKvParts parts, const int32_t* pos, int 
     const int64_t row = p.d * p.heads;
     const int64_t t = idx / row;
     const int32_t position = pos[t];
-    const float v = p.rotate ? rope_element(p.src, idx, idx % p.d, position, n_rot, log_base)
+    const float v = p.rotate ? rope_element(p.src, idx, idx % p.d, position, n_rot, log_base,
+                                            parts.neox)
                              : p.src[idx];
     if (p.out) p.out[idx] = v;
     if (p.cache) {
@@ -106,7 +113,10 @@ size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecuti
   size_t n = 0;
   int n_rot = 0;
   float freq_base = 0.0f;
-  while (n < segment.size() && n < 2 && segment[n].node->op == OpKind::Rope) {
+  const OpKind rope_op = segment[0].node->op;
+  parts.neox = rope_op == OpKind::RopeNeox;
+  while (n < segment.size() && n < 2 && segment[n].node->op == rope_op &&
+         (rope_op == OpKind::Rope || rope_op == OpKind::RopeNeox)) {
     const NodeExecution& e = segment[n];
     const TensorDesc& x = *e.inputs[0].desc;
     if (!contiguous_f32(e.inputs[0]) || !contiguous_f32(e.output) ||
@@ -172,6 +182,7 @@ size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecuti
 
 void add_rope_kernels(KernelTable<Kernel>& rows) {
   add_row(rows, OpKind::Rope, {DType::F32, DType::I32}, {run_rope});
+  add_row(rows, OpKind::RopeNeox, {DType::F32, DType::I32}, {run_rope});
 }
 
 }  // namespace tandem::cuda
