@@ -1,7 +1,8 @@
 // CPU backend micro-benchmarks: STREAM-style copy bandwidth, Q4_0/Q8_0/K-quant matrix-vector
 // products (GB/s of weight bytes and % of the copy bandwidth of the same run), F32 1024^3 against
-// OpenBLAS, and thread scaling of every kernel. Thread counts: TANDEM_BENCH_THREADS="1,2,4"
-// (default: 1 and the physical cores). Run with OPENBLAS_CORETYPE=SkylakeX.
+// OpenBLAS, mixture-of-experts products, and thread scaling of every kernel. Thread counts:
+// TANDEM_BENCH_THREADS="1,2,4" (default: 1 and the physical cores). Run with
+// OPENBLAS_CORETYPE=SkylakeX.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
@@ -260,6 +262,58 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   std::map<std::string, double> values_;
 };
 
+// One ExpertMatMul node: Qwen3-30B-A3B's ffn_up_exps (128 experts of 768 x 2048), 8 experts a
+// token. The ids change every iteration (drawn once, cycled), so the chosen experts come from
+// memory as in a model; GBps counts the distinct experts' weight bytes read.
+void bm_expert_matmul_node(benchmark::State& state, DType wtype, int64_t tokens, int threads) {
+  constexpr int64_t K = 2048, M = 768, kExperts = 128, kUsed = 8, kIdSets = 64;
+  CpuBackend cpu(threads);
+  Graph g;
+  const TensorId w = g.weight("w", wtype, {K, M, kExperts});
+  const TensorId x = g.input("x", DType::F32, {K, 1, tokens});
+  const TensorId ids = g.input("ids", DType::I32, {kUsed, tokens});
+  const TensorId y = g.expert_matmul(w, x, ids);
+  AlignedBytes weights(g.tensor(w).bytes());
+  fill_quantized(wtype, weights.data(), M * kExperts, K, 1);
+  std::vector<float> xs(static_cast<size_t>(K * tokens)),
+      out(static_cast<size_t>(M * kUsed * tokens));
+  fill_random(xs.data(), K * tokens, 7);
+  // Each token's experts distinct, as a router picks them.
+  std::mt19937 rng(3);
+  std::vector<std::vector<int32_t>> id_sets(kIdSets);
+  std::vector<double> distinct(kIdSets);
+  for (int64_t s = 0; s < kIdSets; ++s) {
+    std::vector<bool> used(kExperts);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<int32_t> all(kExperts);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      for (int64_t j = 0; j < kUsed; ++j) {
+        id_sets[size_t(s)].push_back(all[size_t(j)]);
+        used[size_t(all[size_t(j)])] = true;
+      }
+    }
+    distinct[size_t(s)] = double(std::count(used.begin(), used.end(), true));
+  }
+  NodeExecution e{&g.node(y),
+                  {{&g.tensor(w), weights.data()},
+                   {&g.tensor(x), xs.data()},
+                   {&g.tensor(ids), id_sets[0].data()}},
+                  {&g.tensor(y), out.data()}};
+  size_t i = 0;
+  double experts_read = 0.0;
+  for (auto _ : state) {
+    const size_t s = i++ % kIdSets;
+    e.inputs[2].data = id_sets[s].data();
+    experts_read += distinct[s];
+    cpu.execute(g, e);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double expert_bytes = double(row_bytes(wtype, K)) * double(M);
+  state.counters["GBps"] =
+      benchmark::Counter(experts_read * expert_bytes / 1e9, benchmark::Counter::kIsRate);
+}
+
 void register_all(const std::vector<int>& threads) {
   auto reg = [](const std::string& name, int t, auto fn) {
     benchmark::RegisterBenchmark((name + "/t" + std::to_string(t)).c_str(), fn)
@@ -306,6 +360,10 @@ void register_all(const std::vector<int>& threads) {
     reg("rms_norm_512x4096", t,
         [=](benchmark::State& s) { bm_elementwise(s, OpKind::RmsNorm, t); });
     reg("silu_512x4096", t, [=](benchmark::State& s) { bm_elementwise(s, OpKind::Silu, t); });
+    for (int64_t tokens : {1, 64}) {
+      reg("expert_matmul_q4_0_2048x768x128_top8_t" + std::to_string(tokens), t,
+          [=](benchmark::State& s) { bm_expert_matmul_node(s, DType::Q4_0, tokens, t); });
+    }
   }
 }
 
