@@ -1,7 +1,8 @@
 // Mixture of experts (llama.cpp's build_moe_ffn): MoeRoute, MoeWeights, ExpertMatMul and
 // MoeCombine, each as the reference defines it. One warp per token for routing and weights; the
 // expert product is one warp per output row of each (token, choice), reading only the chosen
-// experts' rows. Expert ids outside [0, n_expert) raise the device-side flag and their rows are
+// experts' rows: quantized weights through the matrix-vector kernels' int8 dot products
+// (launch_expert_matvec), float weights element by element. Expert ids outside [0, n_expert) raise the device-side flag and their rows are
 // left as zeros (the next synchronize throws InvalidArgument).
 #include <algorithm>
 
@@ -151,7 +152,12 @@ void run_moe_weights(const OpContext& ctx, const NodeExecution& e) {
             "moe_weights", "kernel launch");
 }
 
+size_t expert_matmul_scratch_bytes(const NodeExecution& e, int /*sm_count*/) {
+  return expert_matvec_scratch_bytes(e);
+}
+
 void run_expert_matmul(const OpContext& ctx, const NodeExecution& e) {
+  if (launch_expert_matvec(ctx, e)) return;
   const TensorDesc &a = *e.inputs[0].desc, &b = *e.inputs[1].desc, &id = *e.inputs[2].desc;
   const int64_t M = a.ne[1], pairs = id.ne[0] * id.ne[1];
   const dim3 grid(unsigned((M + kWarps - 1) / kWarps), unsigned(pairs));
@@ -202,7 +208,8 @@ void add_moe_kernels(KernelTable<Kernel>& rows) {
   add_row(rows, OpKind::MoeWeights, {DType::F32, DType::I32}, {run_moe_weights});
   for (DType d : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K,
                   DType::Q5_K, DType::Q6_K}) {
-    add_row(rows, OpKind::ExpertMatMul, {d, DType::F32, DType::I32}, {run_expert_matmul});
+    add_row(rows, OpKind::ExpertMatMul, {d, DType::F32, DType::I32},
+            {run_expert_matmul, expert_matmul_scratch_bytes});
   }
   add_row(rows, OpKind::MoeCombine, {DType::F32}, {run_moe_combine});
 }

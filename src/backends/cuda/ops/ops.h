@@ -89,6 +89,11 @@ size_t run_fused_half_matvecs(const OpContext& ctx, std::span<const NodeExecutio
 size_t run_fused_add_rms_norm(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - RoPE of Q and K and the KV-cache writes of K and V at the same positions (rope.cu).
 size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecution> segment);
+// ExpertMatMul with quantized weights through the matrix-vector kernels (b quantized to int8
+// once; quantized_matmul.cu): false where they do not apply (moe.cu's element-wise kernel then
+// runs it), and the scratch they need.
+bool launch_expert_matvec(const OpContext& ctx, const NodeExecution& e);
+size_t expert_matvec_scratch_bytes(const NodeExecution& e);
 // Largest batch (columns of b) served by the matrix-vector kernels.
 inline constexpr int64_t kMatvecMaxColumns = 8;
 

@@ -42,31 +42,20 @@ __device__ __forceinline__ int load_int_b2(const uint8_t* p) {
   return int(uint32_t(h[0]) | (uint32_t(h[1]) << 16));
 }
 
-// One warp per row. Q4_0: two lanes per block (8 quant bytes = 16 elements each); Q8_0: four
-// lanes per block (8 bytes each). Consecutive lanes read consecutive bytes of the row.
+// One weight row `ar` times kCols quantized columns of b (columns K apart): this lane's partial
+// sums in acc (the caller adds them over the warp). Q4_0: two lanes per block (8 quant bytes =
+// 16 elements each); Q8_0: four lanes per block (8 bytes each). Consecutive lanes read
+// consecutive bytes of the row.
 template <DType kType, int kCols>
-__global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, int64_t row_stride,
-                                                             int64_t a_stride2, int64_t a_stride3,
-                                                             int64_t a_div2, int64_t a_div3, int M,
-                                                             int n_blocks, const int8_t* bq,
-                                                             const float* bd, int64_t b_ne2,
-                                                             float* out) {
+__device__ __forceinline__ void quant_row_dot(const uint8_t* ar, int n_blocks, const int8_t* bq,
+                                              const float* bd, float (&acc)[kCols]) {
   constexpr bool kQ4 = kType == DType::Q4_0;
   constexpr int kLanesPerBlock = kQ4 ? 2 : 4;
   constexpr int kBlocksPerStep = 32 / kLanesPerBlock;
   constexpr int kBlockBytes = kQ4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
   const int lane = threadIdx.x % 32;
-  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (row >= M) return;
-  const int64_t z = blockIdx.y, i2 = z % b_ne2, i3 = z / b_ne2;
   const int64_t K = int64_t(n_blocks) * kQBlock;
-  const uint8_t* ar = a + (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3 + row * row_stride;
-  bq += z * kCols * K;
-  bd += z * kCols * int64_t(n_blocks);
-  out += z * int64_t(M) * kCols;
   const int part = lane % kLanesPerBlock;
-
-  float acc[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
   // All weight loads of kSteps steps are issued before any is used: the loop is bound by
@@ -119,6 +108,26 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
       }
     }
   }
+}
+
+// One warp per row.
+template <DType kType, int kCols>
+__global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, int64_t row_stride,
+                                                             int64_t a_stride2, int64_t a_stride3,
+                                                             int64_t a_div2, int64_t a_div3, int M,
+                                                             int n_blocks, const int8_t* bq,
+                                                             const float* bd, int64_t b_ne2,
+                                                             float* out) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (row >= M) return;
+  const int64_t z = blockIdx.y, i2 = z % b_ne2, i3 = z / b_ne2;
+  const int64_t K = int64_t(n_blocks) * kQBlock;
+  const uint8_t* ar = a + (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3 + row * row_stride;
+  float acc[kCols];
+  quant_row_dot<kType, kCols>(ar, n_blocks, bq + z * kCols * K, bd + z * kCols * int64_t(n_blocks),
+                              acc);
+  out += z * int64_t(M) * kCols;
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
     const float v = warp_sum(acc[c]);
@@ -438,6 +447,41 @@ void launch_k_matvec_parts(const OpContext& ctx, std::span<const NodeExecution> 
   }
 }
 
+// ExpertMatMul with quantized weights: one warp per output row of each (token, choice) z, the
+// chosen expert's row times b's column for z (b quantized once, as for a matrix-vector
+// product). The expert comes from data, so nothing is fetched before the wait.
+template <DType kType>
+__global__ __launch_bounds__(kWarps * 32) void expert_matvec_kernel(
+    const uint8_t* a, int64_t row_stride, int64_t expert_stride, int64_t n_expert, int M,
+    int64_t K, const int8_t* bq, const float* bd, int64_t b_cols, const int32_t* ids, int k,
+    float* out, int32_t* error_flag) {
+  grid_dependency_wait();
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= M) return;
+  const int64_t z = blockIdx.y, col = b_cols == 1 ? z / k : z;
+  const int32_t expert = ids[z];
+  out += z * M;
+  if (expert < 0 || expert >= n_expert) {
+    if (lane == 0) {
+      out[row] = 0.0f;
+      atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
+    }
+    return;
+  }
+  const uint8_t* ar = a + expert * expert_stride + row * row_stride;
+  bq += col * K;
+  bd += col * (K / kQBlock);
+  if constexpr (kType == DType::Q4_K || kType == DType::Q5_K || kType == DType::Q6_K) {
+    k_matvec_row<kType, 1>(ar, M, row, int(K / kSuperBlock), bq, bd, out);
+  } else {
+    float acc[1];
+    quant_row_dot<kType, 1>(ar, int(K / kQBlock), bq, bd, acc);
+    const float v = warp_sum(acc[0]);
+    if (lane == 0) out[row] = v;
+  }
+}
+
 // 9 to kSplitMaxColumns columns of a 2-D b (a batched decode step of several sequences) run
 // as matrix-vector products of up to kMatvecMaxColumns columns each: the weights are read once
 // per slice instead of converted to f16 for the GEMM (1B, 16 rows: the conversion of every
@@ -522,6 +566,52 @@ void add_quantized_matmul_kernels(KernelTable<Kernel>& rows) {
   for (DType d : kKQuantDTypes) {
     add_row(rows, OpKind::QuantizedMatMul, {d, DType::F32}, quantized, "tensor_cores");
   }
+}
+
+size_t expert_matvec_scratch_bytes(const NodeExecution& e) {
+  const TensorDesc& b = *e.inputs[1].desc;
+  return align_up(size_t(b.elements()), kScratchAlignment) +
+         align_up(size_t(b.elements() / kQBlock) * 4, kScratchAlignment);
+}
+
+bool launch_expert_matvec(const OpContext& ctx, const NodeExecution& e) {
+  const TensorDesc &a = *e.inputs[0].desc, &b = *e.inputs[1].desc, &id = *e.inputs[2].desc;
+  const bool quantized = a.dtype == DType::Q4_0 || a.dtype == DType::Q8_0 || is_k_quant(a.dtype);
+  if (!quantized || !int8_activations(a.ne[1], 1) || !b.is_contiguous() || a.ne[1] > INT32_MAX ||
+      a.nb[1] != int64_t(row_bytes(a.dtype, a.ne[0]))) {
+    return false;
+  }
+  const QuantizedB qb = quantize_b(ctx, b, e.inputs[1].data);
+  const int M = int(a.ne[1]);
+  const dim3 grid(unsigned((M + kWarps - 1) / kWarps), unsigned(id.ne[0] * id.ne[1]));
+  auto go = [&](auto kernel) {
+    ctx.check(launch_programmatic(ctx.stream, grid, dim3(kWarps * 32), 0, kernel,
+                                  static_cast<const uint8_t*>(e.inputs[0].data), int64_t(a.nb[1]),
+                                  int64_t(a.nb[2]), a.ne[2], M, a.ne[0],
+                                  static_cast<const int8_t*>(qb.bq),
+                                  static_cast<const float*>(qb.bd), b.ne[1],
+                                  static_cast<const int32_t*>(e.inputs[2].data), int(id.ne[0]),
+                                  static_cast<float*>(e.output.data), ctx.error_flag),
+              "expert_matmul", "kernel launch");
+  };
+  switch (a.dtype) {
+    case DType::Q4_0:
+      go(expert_matvec_kernel<DType::Q4_0>);
+      break;
+    case DType::Q8_0:
+      go(expert_matvec_kernel<DType::Q8_0>);
+      break;
+    case DType::Q4_K:
+      go(expert_matvec_kernel<DType::Q4_K>);
+      break;
+    case DType::Q5_K:
+      go(expert_matvec_kernel<DType::Q5_K>);
+      break;
+    default:
+      go(expert_matvec_kernel<DType::Q6_K>);
+      break;
+  }
+  return true;
 }
 
 size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment) {
