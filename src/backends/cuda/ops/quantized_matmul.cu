@@ -42,19 +42,20 @@ __device__ __forceinline__ int load_int_b2(const uint8_t* p) {
   return int(uint32_t(h[0]) | (uint32_t(h[1]) << 16));
 }
 
-// One weight row `ar` times kCols quantized columns of b (columns K apart): this lane's partial
-// sums in acc (the caller adds them over the warp). Q4_0: two lanes per block (8 quant bytes =
+// One weight row `ar` times kCols quantized columns of b (column c: quants bq[c], block scales
+// bd[c]): this lane's partial sums in acc (the caller adds them over the warp). Q4_0: two lanes per block (8 quant bytes =
 // 16 elements each); Q8_0: four lanes per block (8 bytes each). Consecutive lanes read
 // consecutive bytes of the row.
 template <DType kType, int kCols>
-__device__ __forceinline__ void quant_row_dot(const uint8_t* ar, int n_blocks, const int8_t* bq,
-                                              const float* bd, float (&acc)[kCols]) {
+__device__ __forceinline__ void quant_row_dot(const uint8_t* ar, int n_blocks,
+                                              const int8_t* const (&bq)[kCols],
+                                              const float* const (&bd)[kCols],
+                                              float (&acc)[kCols]) {
   constexpr bool kQ4 = kType == DType::Q4_0;
   constexpr int kLanesPerBlock = kQ4 ? 2 : 4;
   constexpr int kBlocksPerStep = 32 / kLanesPerBlock;
   constexpr int kBlockBytes = kQ4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
   const int lane = threadIdx.x % 32;
-  const int64_t K = int64_t(n_blocks) * kQBlock;
   const int part = lane % kLanesPerBlock;
 #pragma unroll
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
@@ -83,8 +84,8 @@ __device__ __forceinline__ void quant_row_dot(const uint8_t* ar, int n_blocks, c
       if (blk >= n_blocks) break;
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
-        const int8_t* bb = bq + c * K + int64_t(blk) * kQBlock;
-        const float db = bd[c * int64_t(n_blocks) + blk];
+        const int8_t* bb = bq[c] + int64_t(blk) * kQBlock;
+        const float db = bd[c][blk];
         int dot;
         if constexpr (kQ4) {
           // Low nibbles are elements 8p..8p+7, high nibbles 16+8p..16+8p+7; q - 8 via the sum.
@@ -124,9 +125,15 @@ __global__ __launch_bounds__(kWarps * 32) void matvec_kernel(const uint8_t* a, i
   const int64_t z = blockIdx.y, i2 = z % b_ne2, i3 = z / b_ne2;
   const int64_t K = int64_t(n_blocks) * kQBlock;
   const uint8_t* ar = a + (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3 + row * row_stride;
+  const int8_t* bqs[kCols];
+  const float* bds[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    bqs[c] = bq + (z * kCols + c) * K;
+    bds[c] = bd + (z * kCols + c) * int64_t(n_blocks);
+  }
   float acc[kCols];
-  quant_row_dot<kType, kCols>(ar, n_blocks, bq + z * kCols * K, bd + z * kCols * int64_t(n_blocks),
-                              acc);
+  quant_row_dot<kType, kCols>(ar, n_blocks, bqs, bds, acc);
   out += z * int64_t(M) * kCols;
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
@@ -475,11 +482,106 @@ __global__ __launch_bounds__(kWarps * 32) void expert_matvec_kernel(
   if constexpr (kType == DType::Q4_K || kType == DType::Q5_K || kType == DType::Q6_K) {
     k_matvec_row<kType, 1>(ar, M, row, int(K / kSuperBlock), bq, bd, out);
   } else {
+    const int8_t* const bqs[1] = {bq};
+    const float* const bds[1] = {bd};
     float acc[1];
-    quant_row_dot<kType, 1>(ar, int(K / kQBlock), bq, bd, acc);
+    quant_row_dot<kType, 1>(ar, int(K / kQBlock), bqs, bds, acc);
     const float v = warp_sum(acc[0]);
     if (lane == 0) out[row] = v;
   }
+}
+
+// ExpertMatMul over many tokens (prefill): the (token, choice) pairs grouped by expert on the
+// device, then each expert's rows read once per tile of up to kExpertTile pairs instead of once
+// per pair. moe_group_kernel (one block) counts the pairs per expert, lays the groups out one
+// after another (pairs[]), and lists the tiles (expert, first pair, pairs) for the product.
+constexpr int kExpertTile = 8;
+constexpr int kMaxGroupedExperts = 2048;  // counts, cursors and offsets in shared memory
+struct ExpertGroups {
+  int32_t* pairs;        // [pairs]: z = t * k + j, grouped by expert
+  int32_t* tile_expert;  // [max_tiles]
+  int32_t* tile_start;   // index into pairs
+  int32_t* tile_count;
+  int32_t* n_tiles;
+};
+
+__global__ void moe_group_kernel(const int32_t* ids, int64_t n_pairs, int n_expert,
+                                 ExpertGroups g, int32_t* error_flag) {
+  __shared__ int32_t count[kMaxGroupedExperts], offset[kMaxGroupedExperts],
+      cursor[kMaxGroupedExperts];
+  grid_dependency_wait();
+  for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = cursor[e] = 0;
+  __syncthreads();
+  for (int64_t z = threadIdx.x; z < n_pairs; z += blockDim.x) {
+    const int32_t e = ids[z];
+    if (e < 0 || e >= n_expert) {
+      atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
+      continue;
+    }
+    atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t at = 0, tiles = 0;
+    for (int e = 0; e < n_expert; ++e) {
+      offset[e] = at;
+      for (int32_t s = 0; s < count[e]; s += kExpertTile, ++tiles) {
+        g.tile_expert[tiles] = e;
+        g.tile_start[tiles] = at + s;
+        g.tile_count[tiles] = min(kExpertTile, count[e] - s);
+      }
+      at += count[e];
+    }
+    *g.n_tiles = tiles;
+  }
+  __syncthreads();
+  for (int64_t z = threadIdx.x; z < n_pairs; z += blockDim.x) {
+    const int32_t e = ids[z];
+    if (e < 0 || e >= n_expert) continue;
+    g.pairs[offset[e] + atomicAdd(&cursor[e], 1)] = int32_t(z);
+  }
+}
+
+// One warp per row of a tile's expert, the tile's pairs as the columns (a short tile repeats
+// its first pair and does not write the copies). A pair with an invalid expert id was left out
+// by the grouping: its output stays unwritten, and the flag is raised.
+template <DType kType>
+__global__ __launch_bounds__(kWarps * 32) void expert_grouped_kernel(
+    const uint8_t* a, int64_t row_stride, int64_t expert_stride, int M, int64_t K,
+    const int8_t* bq, const float* bd, int64_t b_cols, int k, ExpertGroups g, float* out) {
+  grid_dependency_wait();
+  const int tile = blockIdx.y;
+  if (tile >= *g.n_tiles) return;
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (row >= M) return;
+  const int expert = g.tile_expert[tile], start = g.tile_start[tile], count = g.tile_count[tile];
+  const int n_blocks = int(K / kQBlock);
+  int32_t z[kExpertTile];
+  const int8_t* bqs[kExpertTile];
+  const float* bds[kExpertTile];
+#pragma unroll
+  for (int c = 0; c < kExpertTile; ++c) {
+    z[c] = g.pairs[start + (c < count ? c : 0)];
+    const int64_t col = b_cols == 1 ? z[c] / k : z[c];
+    bqs[c] = bq + col * K;
+    bds[c] = bd + col * int64_t(n_blocks);
+  }
+  float acc[kExpertTile];
+  quant_row_dot<kType, kExpertTile>(a + expert * expert_stride + row * row_stride, n_blocks, bqs,
+                                    bds, acc);
+#pragma unroll
+  for (int c = 0; c < kExpertTile; ++c) {
+    const float v = warp_sum(acc[c]);
+    if (threadIdx.x % 32 == 0 && c < count) out[int64_t(z[c]) * M + row] = v;
+  }
+}
+
+// Tokens from which the grouped product reads fewer weight bytes than one product per pair.
+constexpr int64_t kGroupedMinTokens = 8;
+bool expert_grouped(const NodeExecution& e) {
+  const TensorDesc &a = *e.inputs[0].desc, &id = *e.inputs[2].desc;
+  return (a.dtype == DType::Q4_0 || a.dtype == DType::Q8_0) && id.ne[1] >= kGroupedMinTokens &&
+         a.ne[2] <= kMaxGroupedExperts;
 }
 
 // 9 to kSplitMaxColumns columns of a 2-D b (a batched decode step of several sequences) run
@@ -568,10 +670,22 @@ void add_quantized_matmul_kernels(KernelTable<Kernel>& rows) {
   }
 }
 
+// The grouped product's lists after b's quantization in the scratch: pairs, then the tiles.
+int64_t expert_max_tiles(const NodeExecution& e) {
+  const TensorDesc &a = *e.inputs[0].desc, &id = *e.inputs[2].desc;
+  return a.ne[2] + (id.ne[0] * id.ne[1] + kExpertTile - 1) / kExpertTile;
+}
+
 size_t expert_matvec_scratch_bytes(const NodeExecution& e) {
   const TensorDesc& b = *e.inputs[1].desc;
-  return align_up(size_t(b.elements()), kScratchAlignment) +
-         align_up(size_t(b.elements() / kQBlock) * 4, kScratchAlignment);
+  size_t bytes = align_up(size_t(b.elements()), kScratchAlignment) +
+                 align_up(size_t(b.elements() / kQBlock) * 4, kScratchAlignment);
+  if (expert_grouped(e)) {
+    const TensorDesc& id = *e.inputs[2].desc;
+    bytes += align_up(size_t(id.ne[0] * id.ne[1]) * 4, kScratchAlignment) +
+             3 * align_up(size_t(expert_max_tiles(e)) * 4, kScratchAlignment) + kScratchAlignment;
+  }
+  return bytes;
 }
 
 bool launch_expert_matvec(const OpContext& ctx, const NodeExecution& e) {
@@ -583,6 +697,37 @@ bool launch_expert_matvec(const OpContext& ctx, const NodeExecution& e) {
   }
   const QuantizedB qb = quantize_b(ctx, b, e.inputs[1].data);
   const int M = int(a.ne[1]);
+  if (expert_grouped(e)) {
+    // The lists follow b's scales in the scratch.
+    auto* at = reinterpret_cast<uint8_t*>(qb.bd) +
+               align_up(size_t(b.elements() / kQBlock) * 4, kScratchAlignment);
+    auto take = [&](size_t n) {
+      auto* p = reinterpret_cast<int32_t*>(at);
+      at += align_up(n * 4, kScratchAlignment);
+      return p;
+    };
+    const int64_t n_pairs = id.ne[0] * id.ne[1], max_tiles = expert_max_tiles(e);
+    ExpertGroups g{};
+    g.pairs = take(size_t(n_pairs));
+    g.tile_expert = take(size_t(max_tiles));
+    g.tile_start = take(size_t(max_tiles));
+    g.tile_count = take(size_t(max_tiles));
+    g.n_tiles = take(1);
+    ctx.check(launch_programmatic(ctx.stream, dim3(1), dim3(1024), 0, moe_group_kernel,
+                                  static_cast<const int32_t*>(e.inputs[2].data), n_pairs,
+                                  int(a.ne[2]), g, ctx.error_flag),
+              "expert_matmul", "kernel launch");
+    const dim3 grid(unsigned((M + kWarps - 1) / kWarps), unsigned(max_tiles));
+    auto kernel = a.dtype == DType::Q4_0 ? expert_grouped_kernel<DType::Q4_0>
+                                         : expert_grouped_kernel<DType::Q8_0>;
+    ctx.check(launch_programmatic(ctx.stream, grid, dim3(kWarps * 32), 0, kernel,
+                                  static_cast<const uint8_t*>(e.inputs[0].data), int64_t(a.nb[1]),
+                                  int64_t(a.nb[2]), M, a.ne[0], static_cast<const int8_t*>(qb.bq),
+                                  static_cast<const float*>(qb.bd), b.ne[1], int(id.ne[0]), g,
+                                  static_cast<float*>(e.output.data)),
+              "expert_matmul", "kernel launch");
+    return true;
+  }
   const dim3 grid(unsigned((M + kWarps - 1) / kWarps), unsigned(id.ne[0] * id.ne[1]));
   auto go = [&](auto kernel) {
     ctx.check(launch_programmatic(ctx.stream, grid, dim3(kWarps * 32), 0, kernel,
