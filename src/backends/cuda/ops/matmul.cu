@@ -197,17 +197,9 @@ void launch_half_matvec(const OpContext& ctx, std::span<const NodeExecution> exe
 }  // namespace
 
 size_t run_fused_half_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment) {
-  if (segment.size() < 2 || !half_matvec_fits(segment[0])) return 0;
-  const NodeExecution& first = segment[0];
-  size_t n = 1;
-  while (n < segment.size() && n < size_t(kMaxHalfParts) && half_matvec_fits(segment[n]) &&
-         segment[n].inputs[1].data == first.inputs[1].data &&
-         segment[n].inputs[1].desc->ne == first.inputs[1].desc->ne &&
-         segment[n].inputs[0].desc->dtype == first.inputs[0].desc->dtype &&
-         segment[n].inputs[0].desc->ne[0] == first.inputs[0].desc->ne[0]) {
-    ++n;
-  }
+  const size_t n = count_same_b(segment, kMaxHalfParts, half_matvec_fits);
   if (n < 2) return 0;
+  const NodeExecution& first = segment[0];
   if (n == 2 && segment.size() > 2) {
     const NodeExecution& glu = segment[2];
     const TensorDesc& out = *first.output.desc;

@@ -24,6 +24,25 @@ decltype(auto) with_columns(int64_t n, Fn&& fn) {
   return fn(std::integral_constant<int, kN>{});
 }
 
+// How many of the segment's first nodes (at most `most`) are products that `fits` accepts and
+// that multiply the same b as the first (same data and shape) with weights of the first's K and,
+// with same_dtype, its dtype: the run one fused launch can take.
+template <typename Fits>
+size_t count_same_b(std::span<const NodeExecution> segment, size_t most, Fits fits,
+                    bool same_dtype = true) {
+  if (segment.empty() || !fits(segment[0])) return 0;
+  const NodeExecution& first = segment[0];
+  size_t n = 1;
+  while (n < segment.size() && n < most && fits(segment[n]) &&
+         segment[n].inputs[1].data == first.inputs[1].data &&
+         segment[n].inputs[1].desc->ne == first.inputs[1].desc->ne &&
+         (!same_dtype || segment[n].inputs[0].desc->dtype == first.inputs[0].desc->dtype) &&
+         segment[n].inputs[0].desc->ne[0] == first.inputs[0].desc->ne[0]) {
+    ++n;
+  }
+  return n;
+}
+
 // The staged kernel for one node, or for up to kMaxParts that share b (one part each), when the
 // layout allows it; false leaves them to the generic kernel (strided or unaligned weights, K not a
 // multiple of 256, too little shared memory).

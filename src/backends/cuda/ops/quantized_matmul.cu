@@ -768,17 +768,9 @@ size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> se
            b.ne[1] <= kMatvecMaxColumns && int8_activations(a.ne[1], b.ne[1]) &&
            a.ne[2] * a.ne[3] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[1] <= INT32_MAX / 4;
   };
-  if (segment.size() >= 2 && is_k_matvec(segment[0])) {
-    const NodeExecution& first = segment[0];
-    size_t n = 1;
-    while (n < segment.size() && n < size_t(kMaxParts) && is_k_matvec(segment[n]) &&
-           segment[n].inputs[1].data == first.inputs[1].data &&
-           segment[n].inputs[1].desc->ne == first.inputs[1].desc->ne &&
-           segment[n].inputs[0].desc->ne[0] == first.inputs[0].desc->ne[0]) {
-      ++n;
-    }
+  if (const size_t n = count_same_b(segment, kMaxParts, is_k_matvec, /*same_dtype=*/false)) {
     if (n < 2) return 0;
-    with_columns(first.inputs[1].desc->ne[1],
+    with_columns(segment[0].inputs[1].desc->ne[1],
                  [&](auto cols) { launch_k_matvec_parts<cols()>(ctx, segment.first(n)); });
     return n;
   }
@@ -787,16 +779,7 @@ size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> se
            e.inputs[1].desc->ne[1] >= 1 && e.inputs[1].desc->ne[1] <= kMatvecMaxColumns &&
            int8_activations(e.inputs[0].desc->ne[1], e.inputs[1].desc->ne[1]);
   };
-  if (segment.size() < 2 || !is_matvec(segment[0])) return 0;
-  const NodeExecution& first = segment[0];
-  size_t n = 1;
-  while (n < segment.size() && n < size_t(kMaxParts) && is_matvec(segment[n]) &&
-         segment[n].inputs[1].data == first.inputs[1].data &&
-         segment[n].inputs[1].desc->ne == first.inputs[1].desc->ne &&
-         segment[n].inputs[0].desc->dtype == first.inputs[0].desc->dtype &&
-         segment[n].inputs[0].desc->ne[0] == first.inputs[0].desc->ne[0]) {
-    ++n;
-  }
+  const size_t n = count_same_b(segment, kMaxParts, is_matvec);
   if (n < 2) return 0;
   return launch_staged_matvec(ctx, segment.first(n)) ? n : 0;
 }
