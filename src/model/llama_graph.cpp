@@ -64,7 +64,11 @@ TensorId moe_ffn(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, 
   TensorId ids = g.moe_route(logits, int32_t(c.n_expert_used));
   TensorId weights = g.moe_weights(logits, ids, c.norm_expert_weights);
   TensorId columns = g.reshape(h, {c.n_embd, 1, T});  // one column for every chosen expert
-  TensorId s = g.swiglu(g.expert_matmul(w_gate, columns, ids), g.expert_matmul(w_up, columns, ids));
+  // Gate before up, in this order whatever the compiler's order of arguments: a backend fuses
+  // the pattern as it finds it in a segment.
+  TensorId gate = g.expert_matmul(w_gate, columns, ids);
+  TensorId up = g.expert_matmul(w_up, columns, ids);
+  TensorId s = g.swiglu(gate, up);
   return g.moe_combine(g.expert_matmul(w_down, s, ids), weights);
 }
 
@@ -77,7 +81,10 @@ TensorId add_ffn(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, 
   TensorId w_up = add_weight(g, file, blk(l, "ffn_up"));
   TensorId w_down = add_weight(g, file, blk(l, "ffn_down"));
   TensorId h = g.rms_norm(x, ffn_norm, c.rms_eps);
-  TensorId s = g.swiglu(g.matmul(w_gate, h), g.matmul(w_up, h));
+  // Gate before up, in this order whatever the compiler's order of arguments (see above).
+  TensorId gate = g.matmul(w_gate, h);
+  TensorId up = g.matmul(w_up, h);
+  TensorId s = g.swiglu(gate, up);
   return g.add(x, g.matmul(w_down, s));
 }
 

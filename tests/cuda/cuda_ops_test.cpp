@@ -303,6 +303,41 @@ TEST(CudaOps, ExpertMatMulPerPairAndGrouped) {
   }
 }
 
+// A MoE layer's gate and up ExpertMatMul of one b and one set of ids, then the SwiGLU of their
+// outputs: one launch in a captured segment (fewer than 8 tokens), writing all three outputs.
+TEST(CudaOps, FusedExpertGateUpSwiGlu) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType d : {DType::Q4_0, DType::Q4_K}) {
+    for (int64_t t : {1, 3}) {
+      const int64_t K = 512, M = 160, E = 5, k = 2;
+      Graph g;
+      TensorId wg = g.weight("wg", d, {K, M, E});
+      TensorId wu = g.weight("wu", d, {K, M, E});
+      TensorId b = g.input("b", DType::F32, {K, 1, t});
+      TensorId ids = g.input("ids", DType::I32, {k, t});
+      TensorId gate = g.expert_matmul(wg, b, ids);
+      TensorId up = g.expert_matmul(wu, b, ids);
+      g.mark_output(gate);
+      g.mark_output(up);
+      g.mark_output(g.swiglu(gate, up));
+      std::vector<int32_t> chosen;
+      for (int64_t i = 0; i < t; ++i) {
+        chosen.push_back(int32_t((3 * i) % E));
+        chosen.push_back(int32_t((3 * i + 2) % E));
+      }
+      const std::string what =
+          "fused expert gate/up " + std::string(dtype_name(d)) + " t=" + std::to_string(t);
+      const auto before = backend->graph_stats();
+      expect_close(compare_with_reference(g, *backend, {{ids, ints_bytes(chosen)}}, true), kMatmul,
+                   what);
+      const auto after = backend->graph_stats();
+      EXPECT_EQ(after.fused_nodes - before.fused_nodes, 3) << what;
+      expect_close(compare_with_reference(g, *backend, {{ids, ints_bytes(chosen)}}, false),
+                   kMatmul, what);
+    }
+  }
+}
+
 TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
   TANDEM_REQUIRE_GPU(backend);
   for (DType d : {DType::Q4_0, DType::Q8_0}) {

@@ -491,6 +491,57 @@ __global__ __launch_bounds__(kWarps * 32) void expert_matvec_kernel(
   }
 }
 
+// Gate and up ExpertMatMul of one b and one set of ids, then the SwiGlu of their outputs (a MoE
+// layer's decode): one launch whose warps take row m of both chosen experts' matrices and write
+// both products and silu(gate) * up.
+template <DType kType>
+__global__ __launch_bounds__(kWarps * 32) void expert_gate_up_kernel(
+    const uint8_t* gate_w, const uint8_t* up_w, int64_t row_stride, int64_t expert_stride,
+    int64_t n_expert, int M, int64_t K, const int8_t* bq, const float* bd, int64_t b_cols,
+    const int32_t* ids, int k, float* gate_out, float* up_out, float* glu, int32_t* error_flag) {
+  grid_dependency_wait();
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= M) return;
+  const int64_t z = blockIdx.y, col = b_cols == 1 ? z / k : z;
+  const int32_t expert = ids[z];
+  gate_out += z * M;
+  up_out += z * M;
+  glu += z * M;
+  if (expert < 0 || expert >= n_expert) {
+    if (lane == 0) {
+      gate_out[row] = up_out[row] = glu[row] = 0.0f;
+      atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
+    }
+    return;
+  }
+  const int64_t offset = expert * expert_stride + row * row_stride;
+  bq += col * K;
+  bd += col * (K / kQBlock);
+  if constexpr (kType == DType::Q4_K || kType == DType::Q5_K || kType == DType::Q6_K) {
+    // Lane 0 writes each product; it computes the GLU from what it wrote.
+    k_matvec_row<kType, 1>(gate_w + offset, M, row, int(K / kSuperBlock), bq, bd, gate_out);
+    k_matvec_row<kType, 1>(up_w + offset, M, row, int(K / kSuperBlock), bq, bd, up_out);
+    if (lane == 0) {
+      const float g = gate_out[row], u = up_out[row];
+      glu[row] = g / (1.0f + expf(-g)) * u;
+    }
+  } else {
+    const int8_t* const bqs[1] = {bq};
+    const float* const bds[1] = {bd};
+    float g[1], u[1];
+    quant_row_dot<kType, 1>(gate_w + offset, int(K / kQBlock), bqs, bds, g);
+    quant_row_dot<kType, 1>(up_w + offset, int(K / kQBlock), bqs, bds, u);
+    g[0] = warp_sum(g[0]);
+    u[0] = warp_sum(u[0]);
+    if (lane == 0) {
+      gate_out[row] = g[0];
+      up_out[row] = u[0];
+      glu[row] = g[0] / (1.0f + expf(-g[0])) * u[0];
+    }
+  }
+}
+
 // ExpertMatMul over many tokens (prefill): the (token, choice) pairs grouped by expert on the
 // device, then each expert's rows read once per tile of up to kExpertTile pairs instead of once
 // per pair. moe_group_kernel (one block) counts the pairs per expert, lays the groups out one
@@ -688,13 +739,77 @@ size_t expert_matvec_scratch_bytes(const NodeExecution& e) {
   return bytes;
 }
 
+namespace {
+
+// ExpertMatMul nodes the matrix-vector kernels take: quantized weights with contiguous rows.
+bool expert_matvec_fits(const NodeExecution& e) {
+  if (e.node->op != OpKind::ExpertMatMul) return false;
+  const TensorDesc &a = *e.inputs[0].desc, &b = *e.inputs[1].desc;
+  const bool quantized = a.dtype == DType::Q4_0 || a.dtype == DType::Q8_0 || is_k_quant(a.dtype);
+  return quantized && int8_activations(a.ne[1], 1) && b.is_contiguous() && a.ne[1] <= INT32_MAX &&
+         a.nb[1] == int64_t(row_bytes(a.dtype, a.ne[0]));
+}
+
+}  // namespace
+
+size_t run_fused_expert_gate_up(const OpContext& ctx, std::span<const NodeExecution> segment) {
+  if (segment.size() < 3) return 0;
+  const NodeExecution &gate = segment[0], &up = segment[1], &glu = segment[2];
+  if (!expert_matvec_fits(gate) || !expert_matvec_fits(up) || expert_grouped(gate) ||
+      glu.node->op != OpKind::SwiGlu) {
+    return 0;
+  }
+  const TensorDesc &ga = *gate.inputs[0].desc, &ua = *up.inputs[0].desc;
+  const TensorDesc& out = *gate.output.desc;
+  if (ua.dtype != ga.dtype || ua.ne != ga.ne || ua.nb != ga.nb ||
+      up.inputs[1].data != gate.inputs[1].data || up.inputs[1].desc->ne != gate.inputs[1].desc->ne ||
+      up.inputs[2].data != gate.inputs[2].data || up.inputs[2].desc->ne != gate.inputs[2].desc->ne ||
+      glu.inputs[0].data != gate.output.data || glu.inputs[1].data != up.output.data ||
+      glu.inputs[0].desc->ne != out.ne || glu.inputs[1].desc->ne != out.ne ||
+      glu.output.desc->ne != out.ne || glu.output.desc->dtype != DType::F32 ||
+      !glu.output.desc->is_contiguous()) {
+    return 0;
+  }
+  const TensorDesc &b = *gate.inputs[1].desc, &id = *gate.inputs[2].desc;
+  const QuantizedB qb = quantize_b(ctx, b, gate.inputs[1].data);
+  const int M = int(ga.ne[1]);
+  const dim3 grid(unsigned((M + kWarps - 1) / kWarps), unsigned(id.ne[0] * id.ne[1]));
+  auto go = [&](auto kernel) {
+    ctx.check(launch_programmatic(ctx.stream, grid, dim3(kWarps * 32), 0, kernel,
+                                  static_cast<const uint8_t*>(gate.inputs[0].data),
+                                  static_cast<const uint8_t*>(up.inputs[0].data),
+                                  int64_t(ga.nb[1]), int64_t(ga.nb[2]), ga.ne[2], M, ga.ne[0],
+                                  static_cast<const int8_t*>(qb.bq),
+                                  static_cast<const float*>(qb.bd), b.ne[1],
+                                  static_cast<const int32_t*>(gate.inputs[2].data), int(id.ne[0]),
+                                  static_cast<float*>(gate.output.data),
+                                  static_cast<float*>(up.output.data),
+                                  static_cast<float*>(glu.output.data), ctx.error_flag),
+              "expert_matmul + swiglu", "kernel launch");
+  };
+  switch (ga.dtype) {
+    case DType::Q4_0:
+      go(expert_gate_up_kernel<DType::Q4_0>);
+      break;
+    case DType::Q8_0:
+      go(expert_gate_up_kernel<DType::Q8_0>);
+      break;
+    case DType::Q4_K:
+      go(expert_gate_up_kernel<DType::Q4_K>);
+      break;
+    case DType::Q5_K:
+      go(expert_gate_up_kernel<DType::Q5_K>);
+      break;
+    default:
+      go(expert_gate_up_kernel<DType::Q6_K>);
+      break;
+  }
+  return 3;
+}
+
 bool launch_expert_matvec(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc &a = *e.inputs[0].desc, &b = *e.inputs[1].desc, &id = *e.inputs[2].desc;
-  const bool quantized = a.dtype == DType::Q4_0 || a.dtype == DType::Q8_0 || is_k_quant(a.dtype);
-  if (!quantized || !int8_activations(a.ne[1], 1) || !b.is_contiguous() || a.ne[1] > INT32_MAX ||
-      a.nb[1] != int64_t(row_bytes(a.dtype, a.ne[0]))) {
-    return false;
-  }
+  if (!expert_matvec_fits(e)) return false;
   const QuantizedB qb = quantize_b(ctx, b, e.inputs[1].data);
   const int M = int(a.ne[1]);
   if (expert_grouped(e)) {
