@@ -216,11 +216,11 @@ TEST(CudaOps, FusedKQuantMatvecsShareOneQuantization) {
   }
 }
 
-// f16 / bf16 weights: 1 to 8 columns of b with K a multiple of 256 take the streaming
+// f32 / f16 / bf16 weights: 1 to 8 columns of b with K a multiple of 256 take the streaming
 // matrix-vector kernel (f32 b), the rest (K = 96, 9 columns) cuBLAS on tensor cores.
 TEST(CudaOps, HalfMatMulMatvecAndTensorCorePaths) {
   TANDEM_REQUIRE_GPU(backend);
-  for (DType d : {DType::F16, DType::BF16}) {
+  for (DType d : {DType::F32, DType::F16, DType::BF16}) {
     for (auto [k, m, n] : {std::tuple{256, 129, 1},
                            {2048, 2048, 1},
                            {4096, 1000, 3},
@@ -244,7 +244,7 @@ TEST(CudaOps, HalfMatMulMatvecAndTensorCorePaths) {
 // with the SwiGLU of their outputs as one launch that writes all three.
 TEST(CudaOps, FusedHalfMatvecsAndGateUpSwiGlu) {
   TANDEM_REQUIRE_GPU(backend);
-  for (DType d : {DType::F16, DType::BF16}) {
+  for (DType d : {DType::F32, DType::F16, DType::BF16}) {
     for (int64_t n : {1, 3}) {
       Graph g;
       TensorId x = g.input("x", DType::F32, {512, n});
@@ -334,6 +334,30 @@ TEST(CudaOps, FusedExpertGateUpSwiGlu) {
       EXPECT_EQ(after.fused_nodes - before.fused_nodes, 3) << what;
       expect_close(compare_with_reference(g, *backend, {{ids, ints_bytes(chosen)}}, false),
                    kMatmul, what);
+    }
+  }
+}
+
+// MoeRoute and the MoeWeights of its ids: one launch in a captured segment; ids exact, weights
+// as the reference's (over all experts, or normalized over the chosen).
+TEST(CudaOps, FusedMoeRouteAndWeights) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (auto [experts, t, k] : {std::tuple{10, 3, 4}, {128, 1, 8}, {64, 9, 2}}) {
+    for (bool normalize : {false, true}) {
+      Graph g;
+      TensorId logits = g.input("logits", DType::F32, {experts, t});
+      TensorId ids = g.moe_route(logits, int32_t(k));
+      g.mark_output(ids);
+      g.mark_output(g.moe_weights(logits, ids, normalize));
+      const std::string what = "moe route + weights " + std::to_string(experts) + "x" +
+                               std::to_string(t) + " k=" + std::to_string(k);
+      const auto before = backend->graph_stats();
+      const Comparison c = compare_with_reference(g, *backend, {}, /*as_segment=*/true);
+      const auto after = backend->graph_stats();
+      ASSERT_EQ(c.nmse.size(), 2u);
+      EXPECT_EQ(c.nmse[0], 0.0) << what << ": ids";
+      EXPECT_LE(c.nmse[1], kSoftmax) << what << ": weights";
+      EXPECT_EQ(after.fused_nodes - before.fused_nodes, 2) << what;
     }
   }
 }

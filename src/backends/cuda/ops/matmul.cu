@@ -1,6 +1,7 @@
 // MatMul through cuBLAS on tensor cores: f16/bf16 weights meet b converted to the same type
-// (f32 accumulation); f32 weights use TF32 tensor cores. Matrix-vector products of f16/bf16
-// weights (decode: 1 to kMatvecMaxColumns columns) take a streaming kernel of their own.
+// (f32 accumulation); f32 weights use TF32 tensor cores. Matrix-vector products of f32, f16 and
+// bf16 weights (decode: 1 to kMatvecMaxColumns columns) take a streaming kernel of their own
+// ("half" below for all three: it was written for the 16-bit types; f32 rows take two loads).
 #include <climits>
 
 #include "common.cuh"
@@ -44,6 +45,27 @@ __device__ __forceinline__ void half8_to_f32(const uint4& w, float (&x)[8]) {
   }
 }
 
+// 16-byte loads a lane takes of each chunk of a row (8 weights), and chunks in flight.
+template <DType kType>
+constexpr int kVecs = kType == DType::F32 ? 2 : 1;
+template <DType kType>
+constexpr int kSteps = kHalfSteps / kVecs<kType>;
+
+template <DType kType>
+__device__ __forceinline__ void weights8_to_f32(const uint4 (&w)[kVecs<kType>], float (&x)[8]) {
+  if constexpr (kType == DType::F32) {
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      x[4 * v] = __uint_as_float(w[v].x);
+      x[4 * v + 1] = __uint_as_float(w[v].y);
+      x[4 * v + 2] = __uint_as_float(w[v].z);
+      x[4 * v + 3] = __uint_as_float(w[v].w);
+    }
+  } else {
+    half8_to_f32<kType>(w[0], x);
+  }
+}
+
 // acc[r][c] = this lane's share of row r (of kRows) times column c of b (columns K apart).
 template <DType kType, int kCols, int kRows>
 __device__ __forceinline__ void half_rows_dot(const uint4* const (&rows)[kRows], int64_t K,
@@ -54,23 +76,26 @@ __device__ __forceinline__ void half_rows_dot(const uint4* const (&rows)[kRows],
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
-  for (int64_t c0 = 0; c0 < chunks; c0 += kHalfSteps) {
-    uint4 w[kRows][kHalfSteps];
+  constexpr int kV = kVecs<kType>;
+  for (int64_t c0 = 0; c0 < chunks; c0 += kSteps<kType>) {
+    uint4 w[kRows][kSteps<kType>][kV];
 #pragma unroll
-    for (int t = 0; t < kHalfSteps; ++t)
+    for (int t = 0; t < kSteps<kType>; ++t)
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (c0 + t < chunks) w[r][t] = __ldcs(rows[r] + (c0 + t) * 32 + lane);
-      }
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int v = 0; v < kV; ++v) {
+          if (c0 + t < chunks) w[r][t][v] = __ldcs(rows[r] + ((c0 + t) * 32 + lane) * kV + v);
+        }
     if (c0 == 0) grid_dependency_wait();  // b is written by the preceding kernel
 #pragma unroll
-    for (int t = 0; t < kHalfSteps; ++t) {
+    for (int t = 0; t < kSteps<kType>; ++t) {
       if (c0 + t >= chunks) break;
       const int64_t k = (c0 + t) * kHalfChunk + 8 * lane;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         float x[8];
-        half8_to_f32<kType>(w[r][t], x);
+        weights8_to_f32<kType>(w[r][t], x);
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
           const float4 b0 = *reinterpret_cast<const float4*>(b + c * K + k);
@@ -146,9 +171,10 @@ bool half_matvec_fits(const NodeExecution& e) {
   const TensorDesc& b = *e.inputs[1].desc;
   const TensorDesc& o = *e.output.desc;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return (a.dtype == DType::F16 || a.dtype == DType::BF16) && b.dtype == DType::F32 &&
+  const bool f32 = a.dtype == DType::F32;
+  return (f32 || a.dtype == DType::F16 || a.dtype == DType::BF16) && b.dtype == DType::F32 &&
          b.ne[1] >= 1 && b.ne[1] <= kMatvecMaxColumns && a.ne[2] * a.ne[3] == 1 &&
-         b.ne[2] * b.ne[3] == 1 && a.ne[0] % kHalfChunk == 0 && a.nb[0] == 2 &&
+         b.ne[2] * b.ne[3] == 1 && a.ne[0] % kHalfChunk == 0 && a.nb[0] == (f32 ? 4 : 2) &&
          a.nb[1] % 16 == 0 && a.ne[1] <= INT_MAX / 4 && b.is_contiguous() && o.is_contiguous() &&
          aligned(e.inputs[0].data) && aligned(e.inputs[1].data);
 }
@@ -176,21 +202,26 @@ void launch_half_matvec(const OpContext& ctx, std::span<const NodeExecution> exe
   const int rows = glu ? parts.row_start[1] : parts.row_start[n];
   const dim3 grid(unsigned((rows + kHalfWarps - 1) / kHalfWarps));
   const auto* bp = static_cast<const float*>(execs[0].inputs[1].data);
-  const bool f16 = a.dtype == DType::F16;
-  with_columns(b.ne[1], [&](auto cols) {
-    cudaError_t err;
-    if (glu) {
-      auto kernel = f16 ? half_gate_up_kernel<DType::F16, cols()>
-                        : half_gate_up_kernel<DType::BF16, cols()>;
-      err = launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0, kernel, parts,
-                                int64_t(a.ne[0]), bp, glu);
-    } else {
-      auto kernel = f16 ? half_matvec_kernel<DType::F16, cols()>
-                        : half_matvec_kernel<DType::BF16, cols()>;
-      err = launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0, kernel, parts, n,
-                                int64_t(a.ne[0]), bp);
-    }
+  auto launch = [&](auto type, auto cols) {
+    constexpr DType kType = decltype(type)::value;
+    const cudaError_t err =
+        glu ? launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0,
+                                  half_gate_up_kernel<kType, cols()>, parts, int64_t(a.ne[0]), bp,
+                                  glu)
+            : launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0,
+                                  half_matvec_kernel<kType, cols()>, parts, n, int64_t(a.ne[0]),
+                                  bp);
     ctx.check(err, "matmul", "kernel launch");
+  };
+  with_columns(b.ne[1], [&](auto cols) {
+    switch (a.dtype) {
+      case DType::F32:
+        return launch(std::integral_constant<DType, DType::F32>{}, cols);
+      case DType::F16:
+        return launch(std::integral_constant<DType, DType::F16>{}, cols);
+      default:
+        return launch(std::integral_constant<DType, DType::BF16>{}, cols);
+    }
   });
 }
 
@@ -272,13 +303,13 @@ void run_matmul(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
   auto* out = static_cast<float*>(e.output.data);
+  if (half_matvec_fits(e)) {
+    launch_half_matvec(ctx, std::span<const NodeExecution>(&e, 1));
+    return;
+  }
   if (a.dtype == DType::F32) {
     gemm_batched(ctx, "matmul", a, e.inputs[0].data, DType::F32, b, e.inputs[1].data, DType::F32,
                  out);
-    return;
-  }
-  if (half_matvec_fits(e)) {
-    launch_half_matvec(ctx, std::span<const NodeExecution>(&e, 1));
     return;
   }
   // b meets the weights in their own 16-bit type so the tensor cores take both.

@@ -23,17 +23,10 @@ __device__ __forceinline__ void better(float& v, int& id, float ov, int oid) {
   }
 }
 
-// Each token's top_k experts by gate logit, best first; ties go to the lower id. One warp per
-// token; the ids chosen so far are skipped.
-__global__ void moe_route_kernel(const float* logits, int32_t* ids, int64_t n, int k,
-                                 int64_t tokens) {
-  grid_launch_dependents();
-  grid_dependency_wait();
-  const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+// Token t's top_k experts by gate logit (row), best first; ties go to the lower id. One warp;
+// the ids chosen so far are skipped.
+__device__ __forceinline__ void route_token(const float* row, int64_t n, int k, int32_t* out) {
   const int lane = threadIdx.x % 32;
-  if (t >= tokens) return;
-  const float* row = logits + t * n;
-  int32_t* out = ids + t * k;
   for (int j = 0; j < k; ++j) {
     float v = -INFINITY;
     int id = INT_MAX;
@@ -51,15 +44,11 @@ __global__ void moe_route_kernel(const float* logits, int32_t* ids, int64_t n, i
   }
 }
 
-// softmax(logits)[ids] over every expert, or (normalize) over the chosen ones.
-__global__ void moe_weights_kernel(const float* logits, const int32_t* ids, float* out, int64_t n,
-                                   int k, int64_t tokens, bool normalize, int32_t* error_flag) {
-  grid_launch_dependents();
-  grid_dependency_wait();
-  const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+// softmax(row)[ids] over every expert, or (normalize) over the chosen ones. One warp.
+__device__ __forceinline__ void weigh_token(const float* row, const int32_t* ids, float* out,
+                                            int64_t n, int k, bool normalize,
+                                            int32_t* error_flag) {
   const int lane = threadIdx.x % 32;
-  if (t >= tokens) return;
-  const float* row = logits + t * n;
   float mx = -INFINITY;
   for (int64_t i = lane; i < n; i += 32) mx = fmaxf(mx, row[i]);
   mx = warp_max(mx);
@@ -69,7 +58,7 @@ __global__ void moe_weights_kernel(const float* logits, const int32_t* ids, floa
   float chosen = 0.0f;
   bool bad = false;
   for (int j = lane; j < k; j += 32) {
-    const int32_t id = ids[t * k + j];
+    const int32_t id = ids[j];
     if (id < 0 || id >= n) {
       bad = true;
       continue;
@@ -82,7 +71,35 @@ __global__ void moe_weights_kernel(const float* logits, const int32_t* ids, floa
     return;
   }
   const float sum = normalize ? chosen : all;
-  for (int j = lane; j < k; j += 32) out[t * k + j] = expf(row[ids[t * k + j]] - mx) / sum;
+  for (int j = lane; j < k; j += 32) out[j] = expf(row[ids[j]] - mx) / sum;
+}
+
+__global__ void moe_route_kernel(const float* logits, int32_t* ids, int64_t n, int k,
+                                 int64_t tokens) {
+  grid_launch_dependents();
+  grid_dependency_wait();
+  const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (t < tokens) route_token(logits + t * n, n, k, ids + t * k);
+}
+
+__global__ void moe_weights_kernel(const float* logits, const int32_t* ids, float* out, int64_t n,
+                                   int k, int64_t tokens, bool normalize, int32_t* error_flag) {
+  grid_launch_dependents();
+  grid_dependency_wait();
+  const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (t < tokens) weigh_token(logits + t * n, ids + t * k, out + t * k, n, k, normalize, error_flag);
+}
+
+// MoeRoute and the MoeWeights of its ids in one launch: the warp reads back the ids it wrote.
+__global__ void moe_route_weights_kernel(const float* logits, int32_t* ids, float* weights,
+                                         int64_t n, int k, int64_t tokens, bool normalize,
+                                         int32_t* error_flag) {
+  grid_launch_dependents();
+  grid_dependency_wait();
+  const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (t >= tokens) return;
+  route_token(logits + t * n, n, k, ids + t * k);
+  weigh_token(logits + t * n, ids + t * k, weights + t * k, n, k, normalize, error_flag);
 }
 
 // out[:, j, t] = a[:, :, ids[j, t]] x b[:, j or 0, t]: one warp per output row, blockIdx.y the
@@ -202,6 +219,30 @@ void run_moe_combine(const OpContext& ctx, const NodeExecution& e) {
 }
 
 }  // namespace
+
+size_t run_fused_moe_route_weights(const OpContext& ctx, std::span<const NodeExecution> segment) {
+  if (segment.size() < 2 || segment[0].node->op != OpKind::MoeRoute ||
+      segment[1].node->op != OpKind::MoeWeights) {
+    return 0;
+  }
+  const NodeExecution &route = segment[0], &weigh = segment[1];
+  const TensorDesc& l = *route.inputs[0].desc;
+  if (weigh.inputs[0].data != route.inputs[0].data || weigh.inputs[0].desc->ne != l.ne ||
+      weigh.inputs[1].data != route.output.data ||
+      weigh.inputs[1].desc->ne != route.output.desc->ne || !l.is_contiguous()) {
+    return 0;
+  }
+  const int64_t tokens = l.ne[1];
+  ctx.check(launch_programmatic(ctx.stream, dim3(unsigned((tokens + kWarps - 1) / kWarps)),
+                                dim3(kWarps * 32), 0, moe_route_weights_kernel,
+                                static_cast<const float*>(route.inputs[0].data),
+                                static_cast<int32_t*>(route.output.data),
+                                static_cast<float*>(weigh.output.data), l.ne[0],
+                                int(route.node->params.top_k), tokens, weigh.node->params.normalize,
+                                ctx.error_flag),
+            "moe_route + moe_weights", "kernel launch");
+  return 2;
+}
 
 void add_moe_kernels(KernelTable<Kernel>& rows) {
   add_row(rows, OpKind::MoeRoute, {DType::F32, DType::I32}, {run_moe_route});

@@ -90,6 +90,8 @@ size_t run_fused_add_rms_norm(const OpContext& ctx, std::span<const NodeExecutio
 // - gate and up ExpertMatMul of one b and one set of ids (quantized weights, fewer than 8
 //   tokens) and the SwiGlu of their outputs (quantized_matmul.cu);
 size_t run_fused_expert_gate_up(const OpContext& ctx, std::span<const NodeExecution> segment);
+// - MoeRoute and the MoeWeights of its ids (moe.cu);
+size_t run_fused_moe_route_weights(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - RoPE of Q and K and the KV-cache writes of K and V at the same positions (rope.cu).
 size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecution> segment);
 // ExpertMatMul with quantized weights through the matrix-vector kernels (b quantized to int8
