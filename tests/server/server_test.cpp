@@ -1,8 +1,8 @@
 // `tandem serve` over a socket on 127.0.0.1 with the tiny synthetic model: a completion equals
 // the session's own greedy generation, a streamed chat equals the whole one, 16 concurrent
 // clients each get their own complete answer, malformed requests get a 4xx with OpenAI's error
-// body while the server keeps serving, /metrics parses, and a stop lets the request in flight
-// finish.
+// body while the server keeps serving, /metrics parses, logprobs and several choices have
+// OpenAI's shape, and a stop lets the request in flight finish.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "request.h"
 #include "server.h"
 #include "tandem/runtime.h"
 #include "tiny_model.h"
@@ -316,21 +317,29 @@ TEST(Serve, MalformedRequestsGetAnErrorAndTheServerKeepsServing) {
       {"/v1/completions", R"({"prompt": "a", "stream": "yes"})"},
       {"/v1/completions", R"({"prompt": "a", "stop": 5})"},
       {"/v1/completions", R"({"prompt": "a", "stop": ["a","b","c","d","e"]})"},
-      {"/v1/completions", R"({"prompt": "a", "n": 3})"},
+      {"/v1/completions", R"({"prompt": "a", "n": 9})"},
+      {"/v1/completions", R"({"prompt": "a", "n": 0})"},
+      {"/v1/completions", R"({"prompt": "a", "logprobs": 6})"},
+      {"/v1/completions", R"({"prompt": "a", "logprobs": true})"},
       {"/v1/completions", R"({"prompt": "a", "seed": "x"})"},
       {"/v1/completions", R"({"prompt": "a", "model": 42})"},
       {"/v1/completions", R"({"prompt": "a", "model": "gpt-4"})"},
-      {"/v1/completions", R"({"prompt": "a", "logprobs": 5})"},
       {"/v1/chat/completions", R"({"messages": "hi"})"},
       {"/v1/chat/completions", R"({"messages": []})"},
       {"/v1/chat/completions", R"({"messages": [{"content": "hi"}]})"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": 7}]})"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}],
                                    "stream_options": 1})"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}],
+                                   "logprobs": 1})"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}],
+                                   "top_logprobs": 2})"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}],
+                                   "logprobs": true, "top_logprobs": 21})"},
       {"/v1/nothing-here", "{}"},
       {"/v1/completions", std::string(100 << 10, 'x')},  // over the 64 KiB body limit
   };
-  ASSERT_EQ(completions.size(), 30u);
+  ASSERT_EQ(completions.size(), 35u);
   for (const auto& [path, body] : completions) {
     SCOPED_TRACE(path + " " + body.substr(0, 80));
     auto res = c.Post(path.c_str(), body, "application/json");
@@ -382,6 +391,161 @@ TEST(Serve, MetricsArePrometheusTextWithPerBackendCounters) {
   EXPECT_GE(values["tandem_http_requests_total{route=\"/v1/completions\",status=\"200\"}"], 1.0);
   EXPECT_TRUE(values.count("tandem_backend_transfer_bytes_total{backend=\"cpu\"}"));
   EXPECT_TRUE(values.count("tandem_tokens_per_second{phase=\"generation\"}"));
+}
+
+// Checks one greedy token's completions-style entry: the map of the best is sorted, at most n
+// long, and begins with the chosen token, whose logprob is the best one.
+void expect_greedy_completion_logprobs(const nlohmann::ordered_json& lp, size_t n_tokens, int n) {
+  ASSERT_TRUE(lp.is_object()) << lp.dump();
+  ASSERT_EQ(lp["tokens"].size(), n_tokens);
+  ASSERT_EQ(lp["token_logprobs"].size(), n_tokens);
+  ASSERT_EQ(lp["top_logprobs"].size(), n_tokens);
+  ASSERT_EQ(lp["text_offset"].size(), n_tokens);
+  for (size_t i = 0; i < n_tokens; ++i) {
+    SCOPED_TRACE("token " + std::to_string(i));
+    const double chosen = lp["token_logprobs"][i].get<double>();
+    EXPECT_LE(chosen, 0.0);
+    const auto& top = lp["top_logprobs"][i];
+    // Keyed by text: two tokens with one text (a byte token and its character) share an entry.
+    EXPECT_GE(top.size(), 1u);
+    EXPECT_LE(top.size(), size_t(n));
+    double previous = 0.0;
+    for (auto it = top.begin(); it != top.end(); ++it) {
+      EXPECT_LE(it.value().get<double>(), previous) << top.dump();
+      previous = it.value().get<double>();
+    }
+    EXPECT_EQ(top.begin().key(), lp["tokens"][i]);
+    EXPECT_NEAR(top.begin().value().get<double>(), chosen, 1e-6);
+    if (i > 0) {
+      EXPECT_GE(lp["text_offset"][i], lp["text_offset"][i - 1]);
+    }
+  }
+  if (n_tokens > 0) {
+    EXPECT_EQ(lp["text_offset"][0], 0);
+  }
+}
+
+TEST(Serve, CompletionLogprobsAreSortedAndTheGreedyTokenIsTheBest) {
+  auto c = shared_server().client();
+  const json body = {
+      {"prompt", "hello world"}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 3}};
+  auto res = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const auto j = nlohmann::ordered_json::parse(res->body);
+  EXPECT_EQ(j["choices"][0]["text"], greedy_text("hello world", 6));  // asking changes nothing
+  const size_t n_tokens = j["usage"]["completion_tokens"].get<size_t>();
+  expect_greedy_completion_logprobs(j["choices"][0]["logprobs"], n_tokens, 3);
+
+  // Streamed, the chunks carry the same tokens.
+  json streamed_body = body;
+  streamed_body["stream"] = true;
+  auto streamed = c.Post("/v1/completions", streamed_body.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  json tokens = json::array();
+  for (const std::string& event : sse_events(streamed->body)) {
+    if (event == "[DONE]") break;
+    const json e = json::parse(event);
+    const json& lp = e["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    for (const json& t : lp["tokens"]) tokens.push_back(t);
+  }
+  EXPECT_EQ(tokens, json(j["choices"][0]["logprobs"]["tokens"]));
+
+  // Not asked: null.
+  const json plain = post(c, "/v1/completions", {{"prompt", "hello world"}, {"max_tokens", 2}});
+  EXPECT_TRUE(plain["choices"][0]["logprobs"].is_null());
+}
+
+TEST(Serve, ChatLogprobsHaveOpenAIsShape) {
+  auto c = shared_server().client();
+  const json messages = json::array({{{"role", "user"}, {"content", "say something"}}});
+  const json j = post(c, "/v1/chat/completions",
+                      {{"messages", messages},
+                       {"max_tokens", 5},
+                       {"temperature", 0},
+                       {"logprobs", true},
+                       {"top_logprobs", 4}});
+  const json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_TRUE(content.is_array()) << j.dump();
+  EXPECT_EQ(content.size(), j["usage"]["completion_tokens"].get<size_t>());
+  for (const json& e : content) {
+    EXPECT_TRUE(e["token"].is_string());
+    EXPECT_LE(e["logprob"].get<double>(), 0.0);
+    EXPECT_TRUE(e["bytes"].is_array());
+    for (const json& b : e["bytes"]) EXPECT_TRUE(b.is_number_integer() && b >= 0 && b < 256);
+    const json& top = e["top_logprobs"];
+    ASSERT_EQ(top.size(), 4u);
+    for (size_t k = 1; k < top.size(); ++k) EXPECT_LE(top[k]["logprob"], top[k - 1]["logprob"]);
+    EXPECT_EQ(top[0]["token"], e["token"]);
+    EXPECT_NEAR(top[0]["logprob"].get<double>(), e["logprob"].get<double>(), 1e-6);
+  }
+  // logprobs without top_logprobs: the chosen tokens only.
+  const json bare = post(c, "/v1/chat/completions",
+                         {{"messages", messages}, {"max_tokens", 2}, {"logprobs", true}});
+  for (const json& e : bare["choices"][0]["logprobs"]["content"])
+    EXPECT_TRUE(e["top_logprobs"].empty());
+}
+
+TEST(Serve, SeveralChoicesEachSampleTheirOwnContinuation) {
+  auto c = shared_server().client();
+  const std::string expected = greedy_text("one two", 4);
+  const json one =
+      post(c, "/v1/completions", {{"prompt", "one two"}, {"max_tokens", 4}, {"temperature", 0}});
+  const json greedy =
+      post(c, "/v1/completions",
+           {{"prompt", "one two"}, {"max_tokens", 4}, {"temperature", 0}, {"n", 3}});
+  ASSERT_EQ(greedy["choices"].size(), 3u) << greedy.dump();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(greedy["choices"][i]["index"], i);
+    EXPECT_EQ(greedy["choices"][i]["text"], expected);
+  }
+  // The prompt counts once, the choices' tokens all.
+  EXPECT_EQ(greedy["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"]);
+  EXPECT_EQ(greedy["usage"]["completion_tokens"], 3 * one["usage"]["completion_tokens"].get<int>());
+
+  // Sampled: choice i draws with seed + i.
+  const json sampled = post(
+      c, "/v1/completions",
+      {{"prompt", "one two"}, {"max_tokens", 4}, {"temperature", 1.5}, {"seed", 40}, {"n", 2}});
+  const json alone =
+      post(c, "/v1/completions",
+           {{"prompt", "one two"}, {"max_tokens", 4}, {"temperature", 1.5}, {"seed", 41}});
+  ASSERT_EQ(sampled["choices"].size(), 2u);
+  EXPECT_EQ(sampled["choices"][1]["text"], alone["choices"][0]["text"]);
+
+  // Streamed: every chunk names its choice; each choice ends once.
+  auto res = c.Post("/v1/chat/completions",
+                    json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                         {"max_tokens", 3},
+                         {"temperature", 0},
+                         {"n", 2},
+                         {"stream", true}}
+                        .dump(),
+                    "application/json");
+  ASSERT_TRUE(res);
+  std::map<int, std::string> text;
+  std::map<int, int> finishes;
+  for (const std::string& event : sse_events(res->body)) {
+    if (event == "[DONE]") break;
+    const json choice = json::parse(event)["choices"][0];
+    const int index = choice["index"];
+    ASSERT_TRUE(index == 0 || index == 1) << event;
+    if (choice["delta"].contains("content")) text[index] += choice["delta"]["content"];
+    if (!choice["finish_reason"].is_null()) ++finishes[index];
+  }
+  EXPECT_EQ(finishes[0], 1);
+  EXPECT_EQ(finishes[1], 1);
+  EXPECT_EQ(text[0], text[1]);
+}
+
+TEST(Serve, TooManyChoicesIsAnInvalidRequest) {
+  auto c = shared_server().client();
+  const json j = post(c, "/v1/completions", {{"prompt", "a"}, {"n", kMaxChoices + 1}}, 400);
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "n");
+  EXPECT_TRUE(j["error"]["message"].is_string());
+  EXPECT_TRUE(j["error"].contains("code"));
 }
 
 TEST(Serve, StopLetsTheRequestInFlightFinish) {
