@@ -111,6 +111,10 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>()) {
   // httplib owns the queue it asks for.
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   s.http.set_payload_max_length(s.options.max_body_bytes);
+  // One request per connection: httplib 0.11 cannot wake a worker waiting on an idle keep-alive
+  // connection, so stop() would wait out its timeout (5 s). A new connection costs far less
+  // than a generation.
+  s.http.set_keep_alive_max_count(1);
   s.http.set_socket_options([&s](socket_t sock) {
     httplib::default_socket_options(sock);
     s.listen_socket = int(sock);

@@ -3,8 +3,12 @@
 // clients each get their own complete answer, malformed requests get a 4xx with OpenAI's error
 // body while the server keeps serving, /metrics parses, logprobs and several choices have
 // OpenAI's shape, and a stop lets the request in flight finish.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -570,6 +574,53 @@ TEST(Serve, StopLetsTheRequestInFlightFinish) {
   EXPECT_EQ(completion_text(answer, false, 40), greedy_text("a long answer", 40));
   auto after = running.client().Get("/health");
   EXPECT_FALSE(after) << "still answering after stop";
+}
+
+// A client that keeps its connection open after one answer, as pooling clients do (OpenAI's
+// Python client): a raw socket, so nothing on the client side closes it.
+class IdleKeepAliveClient {
+ public:
+  explicit IdleKeepAliveClient(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  }
+  ~IdleKeepAliveClient() { ::close(fd_); }
+  // Sends GET /health (HTTP/1.1, keep-alive by default) and reads the answer's head.
+  std::string get_health() {
+    const std::string request = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    if (!connected_ || ::send(fd_, request.data(), request.size(), 0) < 0) return {};
+    std::string answer;
+    char buf[512];
+    while (answer.find("\r\n\r\n") == std::string::npos) {
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      answer.append(buf, size_t(n));
+    }
+    return answer;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+TEST(Serve, StopDoesNotWaitForAnIdleKeepAliveConnection) {
+  RunningServer running;
+  IdleKeepAliveClient idle(running.port());
+  const std::string head = idle.get_health();
+  ASSERT_NE(head.find("200 OK"), std::string::npos) << head;
+  // httplib 0.11 waits out an idle connection's keep-alive timeout (5 s) before it can stop;
+  // answers close their connection instead.
+  EXPECT_NE(head.find("Connection: close"), std::string::npos) << head;
+  const auto t0 = std::chrono::steady_clock::now();
+  running.stop();
+  const double stop_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(stop_s, 2.5) << "stop waited for the idle connection";
 }
 
 }  // namespace
