@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -459,6 +460,51 @@ TEST(Serve, CompletionLogprobsAreSortedAndTheGreedyTokenIsTheBest) {
   // Not asked: null.
   const json plain = post(c, "/v1/completions", {{"prompt", "hello world"}, {"max_tokens", 2}});
   EXPECT_TRUE(plain["choices"][0]["logprobs"].is_null());
+}
+
+// The raw bytes of a logprobs token: its text, or the bytes a "bytes:\xNN..." token names.
+std::string token_bytes(const std::string& token) {
+  if (token.rfind("bytes:", 0) != 0) return token;
+  std::string out;
+  for (size_t at = 6; at + 4 <= token.size(); at += 4)
+    out += char(std::stoi(token.substr(at + 2, 2), nullptr, 16));
+  return out;
+}
+
+TEST(Serve, LogprobsLeaveOutTheTokensOfAStopString) {
+  auto c = shared_server().client();
+  const json full =
+      post(c, "/v1/completions",
+           {{"prompt", "the cat"}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", 0}});
+  const json& tokens = full["choices"][0]["logprobs"]["tokens"];
+  const json& offsets = full["choices"][0]["logprobs"]["text_offset"];
+  std::string raw;
+  for (const json& t : tokens) raw += token_bytes(t.get<std::string>());
+  // A later token of plain ASCII text is the stop string; it ends the text where it first occurs.
+  std::string stop;
+  for (size_t k = 1; k < tokens.size() && stop.empty(); ++k) {
+    const std::string t = tokens[k];
+    const auto printable = [](char ch) { return ch >= ' ' && uint8_t(ch) < 0x80; };
+    if (!t.empty() && t.rfind("bytes:", 0) != 0 && std::all_of(t.begin(), t.end(), printable)) {
+      stop = t;
+    }
+  }
+  ASSERT_FALSE(stop.empty()) << tokens.dump();
+  const int64_t cut = int64_t(raw.find(stop));
+  size_t kept = 0;
+  while (kept < offsets.size() && offsets[kept].get<int64_t>() < cut) ++kept;
+  ASSERT_LT(kept, tokens.size());  // the stop string's own token at least is left out
+
+  const json cut_short = post(c, "/v1/completions",
+                              {{"prompt", "the cat"},
+                               {"max_tokens", 12},
+                               {"temperature", 0},
+                               {"logprobs", 0},
+                               {"stop", stop}});
+  EXPECT_EQ(cut_short["choices"][0]["finish_reason"], "stop");
+  const json& listed = cut_short["choices"][0]["logprobs"]["tokens"];
+  ASSERT_EQ(listed.size(), kept) << "stop " << json(stop).dump() << " in " << tokens.dump();
+  for (size_t i = 0; i < kept; ++i) EXPECT_EQ(listed[i], tokens[i]);
 }
 
 TEST(Serve, ChatLogprobsHaveOpenAIsShape) {
