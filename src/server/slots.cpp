@@ -296,8 +296,8 @@ void SlotEngine::sample(Slot& slot, std::span<const float> logits) {
     GeneratedLogprob l = token_logprobs(logits, token, slot.job.top_logprobs);
     l.text_offset = slot.text_bytes;
     slot.held.push_back(std::move(l));
+    slot.text_bytes += int64_t(tokenizer.token_to_piece(token).size());  // as TokenStream reads it
   }
-  slot.text_bytes += int64_t(tokenizer.token_to_piece(token).size());  // as TokenStream reads it
   hand_over(slot, slot.stop.push(slot.stream->push(token)));
   if (slot.stop.matched()) {
     finish(slot, "stop");

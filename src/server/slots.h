@@ -151,9 +151,9 @@ class SlotEngine {
     StopMatcher stop;
     int32_t last = -1;  // the token to decode next
     bool prefilled = false;
-    int64_t generated = 0;              // tokens generated
-    int64_t text_bytes = 0;             // of the generated text so far, stop strings included
-    int64_t sent_bytes = 0;             // of the text handed over
+    int64_t generated = 0;   // tokens generated
+    int64_t text_bytes = 0;  // of the generated text so far, stop strings included (with logprobs)
+    int64_t sent_bytes = 0;  // of the text handed over
     std::deque<GeneratedLogprob> held;  // logprobs of tokens whose text is held back
   };
 
