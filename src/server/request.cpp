@@ -37,10 +37,9 @@ std::optional<int64_t> integer(const json& body, const char* name, int64_t lo, i
   const json* v = field(body, name);
   if (!v) return std::nullopt;
   if (!v->is_number_integer()) bad(name, std::string("'") + name + "' must be an integer");
-  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(hi))
-    bad(name, std::string("'") + name + "' is too large (got " + v->dump() + ")");
-  const int64_t x = v->get<int64_t>();
-  if (x < lo || x > hi) {
+  const bool above = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(hi);
+  const int64_t x = above ? hi : v->get<int64_t>();
+  if (above || x < lo || x > hi) {
     bad(name, std::string("'") + name + "' must be in [" + std::to_string(lo) + ", " +
                   std::to_string(hi) + "] (got " + v->dump() + ")");
   }
@@ -176,8 +175,7 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat) {
   if (chat) {
     if (auto m = integer(j, "max_completion_tokens", 0, kMaxInt)) r.max_tokens = m;
   }
-  if (auto n = integer(j, "n", 1, kMaxInt); n && *n != 1)
-    bad("n", "'n' must be 1: one choice per request");
+  r.n = int(integer(j, "n", 1, kMaxChoices).value_or(1));
   r.stream = boolean(j, "stream").value_or(false);
   if (const json* so = field(j, "stream_options")) {
     if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
@@ -201,9 +199,14 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat) {
   const auto seed =
       integer(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
   s.seed = seed ? uint64_t(*seed) : std::random_device{}();
-  // Logprobs are not computed here: asking for them is refused rather than ignored.
-  if (const json* lp = field(j, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
-    bad("logprobs", "'logprobs' is not supported by this server");
+  if (chat) {
+    const bool logprobs = boolean(j, "logprobs").value_or(false);
+    const auto top = integer(j, "top_logprobs", 0, kMaxChatTopLogprobs);
+    if (top && !logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (logprobs) r.top_logprobs = int(top.value_or(0));
+  } else if (auto n = integer(j, "logprobs", 0, kMaxCompletionLogprobs)) {
+    r.top_logprobs = int(*n);
+  }
   return r;
 }
 

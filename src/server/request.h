@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "chat_template.h"
+#include "logprobs.h"
 #include "tandem/model/sampler.h"
 
 namespace tandem::server {
@@ -43,7 +44,13 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   SamplerParams sampling;
+  int n = 1;  // choices
+  // -1: no logprobs; else the chosen token's and this many best (completions `logprobs`, chat
+  // `top_logprobs` with `logprobs: true`).
+  int top_logprobs = -1;
 };
+
+inline constexpr int kMaxChoices = 8;  // `n`
 
 // Parses and checks a body. Throws RequestError (400) for malformed JSON, a body that is not an
 // object, a missing prompt/messages, or a known field of the wrong type or range.

@@ -21,7 +21,8 @@ namespace tandem::server {
 
 namespace {
 
-using json = nlohmann::json;
+// Answers keep their fields in OpenAI's order (and a top_logprobs map best first).
+using json = nlohmann::ordered_json;
 
 constexpr int kListenBacklog = 1024;  // connections the kernel holds until they are accepted
 
@@ -110,6 +111,10 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>()) {
   // httplib owns the queue it asks for.
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   s.http.set_payload_max_length(s.options.max_body_bytes);
+  // One request per connection: httplib 0.11 cannot wake a worker waiting on an idle keep-alive
+  // connection, so stop() would wait out its timeout (5 s). A new connection costs far less
+  // than a generation.
+  s.http.set_keep_alive_max_count(1);
   s.http.set_socket_options([&s](socket_t sock) {
     httplib::default_socket_options(sock);
     s.listen_socket = int(sock);
@@ -277,6 +282,8 @@ Job Server::Impl::make_job(const CompletionRequest& r) const {
     throw RequestError(400, e.what());
   }
   job.stop = r.stop;
+  job.n_choices = r.n;
+  job.top_logprobs = r.top_logprobs;
   return job;
 }
 
@@ -298,6 +305,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     send_error(res, 400, e.what(), chat ? "messages" : "prompt");
     return;
   }
+  const int64_t n_prompt = int64_t(job.prompt.size());
   std::shared_ptr<Completion> c = engine->submit(std::move(job));
   if (!c) {
     send_error(res, 503, "the server is shutting down");
@@ -308,46 +316,57 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   auto answered = std::shared_ptr<void>(nullptr, [this](void*) { --in_flight; });
   const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
   const int64_t created = unix_seconds();
-  auto usage = [](const Completion& done) {
-    return json{{"prompt_tokens", done.prompt_tokens},
-                {"completion_tokens", done.completion_tokens},
-                {"total_tokens", done.prompt_tokens + done.completion_tokens}};
+  auto usage = [n_prompt](int64_t completion_tokens) {
+    return json{{"prompt_tokens", n_prompt},
+                {"completion_tokens", completion_tokens},
+                {"total_tokens", n_prompt + completion_tokens}};
   };
-  // "cancelled" never reaches a client: only a client that left cancels.
-  auto finish_reason = [](const Completion& done) { return json(done.finish_reason); };
+  const bool logprobs = r.top_logprobs >= 0;
+  const Tokenizer* tokenizer = &engine->model().tokenizer();
+  // A choice's logprobs field: null unless asked for.
+  auto logprobs_json = [chat, logprobs, tokenizer](std::span<const GeneratedLogprob> l) {
+    if (!logprobs) return json(nullptr);
+    return chat ? chat_logprobs_json(*tokenizer, l) : completion_logprobs_json(*tokenizer, l);
+  };
 
   if (!r.stream) {
-    const std::string text = c->wait_all();
-    if (c->finish_reason == "error") {
-      send_error(res, 500, c->error);
-      return;
-    }
-    json choice = {{"index", 0}, {"finish_reason", finish_reason(*c)}};
-    if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", text}};
-    } else {
-      choice["text"] = text;
-      choice["logprobs"] = nullptr;
+    const std::vector<ChoiceDelta> all = c->wait_all();
+    json choices = json::array();
+    int64_t completion_tokens = 0;
+    for (const ChoiceDelta& d : all) {
+      if (d.finish_reason == "error") {
+        send_error(res, 500, d.error);
+        return;
+      }
+      completion_tokens += d.completion_tokens;
+      json choice = {{"index", d.index}};
+      if (chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", d.text}};
+      } else {
+        choice["text"] = d.text;
+      }
+      choice["logprobs"] = logprobs_json(d.logprobs);
+      // "cancelled" never reaches a client: only a client that left cancels.
+      choice["finish_reason"] = d.finish_reason;
+      choices.push_back(std::move(choice));
     }
     json body = {{"id", id},
                  {"object", chat ? "chat.completion" : "text_completion"},
                  {"created", created},
                  {"model", model_id},
-                 {"choices", json::array({choice})},
-                 {"usage", usage(*c)}};
+                 {"choices", std::move(choices)},
+                 {"usage", usage(completion_tokens)}};
     res.set_content(dump(body), "application/json");
     return;
   }
 
   const bool include_usage = r.include_usage;
-  auto chunk = [id, created, chat, this](const json& delta_or_text, const json& reason) {
-    json choice = {{"index", 0}, {"finish_reason", reason}};
-    if (chat) {
-      choice["delta"] = delta_or_text;
-    } else {
-      choice["text"] = delta_or_text;
-      choice["logprobs"] = nullptr;
-    }
+  auto chunk = [id, created, chat, this](int index, const json& delta_or_text,
+                                         const json& token_logprobs, const json& reason) {
+    json choice = {{"index", index}};
+    choice[chat ? "delta" : "text"] = delta_or_text;
+    choice["logprobs"] = token_logprobs;
+    choice["finish_reason"] = reason;
     return json{{"id", id},
                 {"object", chat ? "chat.completion.chunk" : "text_completion"},
                 {"created", created},
@@ -357,38 +376,48 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [c, chat, chunk, usage, finish_reason, include_usage](size_t, httplib::DataSink& sink) {
+      [c, chat, chunk, usage, logprobs_json, include_usage](size_t, httplib::DataSink& sink) {
         auto send = [&](const json& event) {
           const std::string line = "data: " + dump(event) + "\n\n";
           return sink.write(line.data(), line.size());
         };
-        bool ok = !chat || send(chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr));
-        std::string text;
-        while (ok && c->next(text)) {
-          ok = send(chunk(chat ? json{{"content", text}} : json(text), nullptr));
-          text.clear();
-        }
-        if (!ok) {
-          c->cancel();  // the client left: free the slot
-          return false;
-        }
-        if (c->finish_reason == "error") {
-          ok = send(json::parse(error_body(500, c->error)));
-        } else {
-          ok = send(chunk(chat ? json::object() : json(""), finish_reason(*c)));
-          if (ok && include_usage) {
-            json last = chunk(chat ? json::object() : json(""), nullptr);
-            last["choices"] = json::array();
-            last["usage"] = usage(*c);
-            ok = send(last);
+        bool ok = true;
+        for (int i = 0; ok && chat && i < c->n_choices(); ++i)
+          ok = send(chunk(i, json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
+        ChoiceDelta d;
+        int64_t completion_tokens = 0;
+        std::string error;
+        while (ok && error.empty() && c->next(d)) {
+          if (!d.text.empty() || !d.logprobs.empty()) {
+            ok = send(chunk(d.index, chat ? json{{"content", d.text}} : json(d.text),
+                            logprobs_json(d.logprobs), nullptr));
           }
+          if (ok && d.finished) {
+            completion_tokens += d.completion_tokens;
+            if (d.finish_reason == "error") {
+              error = d.error;
+            } else {
+              ok = send(chunk(d.index, chat ? json::object() : json(""), nullptr, d.finish_reason));
+            }
+          }
+        }
+        if (!ok || !error.empty())
+          c->cancel();  // the client left, or a choice failed: free the slots
+        if (!ok) return false;
+        if (!error.empty()) {
+          ok = send(json::parse(error_body(500, error)));
+        } else if (include_usage) {
+          json last = chunk(0, chat ? json::object() : json(""), nullptr, nullptr);
+          last["choices"] = json::array();
+          last["usage"] = usage(completion_tokens);
+          ok = send(last);
         }
         const std::string done = "data: [DONE]\n\n";
         ok = ok && sink.write(done.data(), done.size());
         if (ok) sink.done();
         return ok;
       },
-      // A no-op once finished; frees the slot when the stream never ran or broke off.
+      // A no-op once finished; frees the slots when the stream never ran or broke off.
       [c, answered](bool) { c->cancel(); });
 }
 

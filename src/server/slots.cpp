@@ -16,39 +16,78 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-bool Completion::next(std::string& text) {
+Completion::Completion(int n_choices)
+    : choices_(size_t(std::max(1, n_choices))), unfinished_(int(choices_.size())) {
+  for (size_t i = 0; i < choices_.size(); ++i) choices_[i].pending.index = int(i);
+}
+
+bool Completion::next(ChoiceDelta& delta) {
   std::unique_lock lock(mutex_);
-  cv_.wait(lock, [&] { return done_ || !pending_.empty(); });
-  if (pending_.empty()) return false;
-  text += pending_;
-  pending_.clear();
+  cv_.wait(lock, [&] { return !news_.empty() || unfinished_ == 0; });
+  if (news_.empty()) return false;
+  Choice& choice = choices_[size_t(news_.front())];
+  news_.pop_front();
+  choice.queued = false;
+  delta = std::move(choice.pending);
+  choice.pending = ChoiceDelta{.index = delta.index};
   return true;
 }
 
-std::string Completion::wait_all() {
-  std::string text;
-  while (next(text)) {
+std::vector<ChoiceDelta> Completion::wait_all() {
+  std::vector<ChoiceDelta> all(choices_.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i].index = int(i);
+  ChoiceDelta delta;
+  while (next(delta)) {
+    ChoiceDelta& whole = all[size_t(delta.index)];
+    whole.text += delta.text;
+    for (auto& l : delta.logprobs) whole.logprobs.push_back(std::move(l));
+    if (delta.finished) {
+      whole.finished = true;
+      whole.finish_reason = std::move(delta.finish_reason);
+      whole.error = std::move(delta.error);
+      whole.completion_tokens = delta.completion_tokens;
+    }
   }
-  return text;
+  return all;
 }
 
-void Completion::push(std::string_view text) {
-  if (text.empty()) return;
+void Completion::push(int index, std::string_view text, std::vector<GeneratedLogprob> logprobs) {
+  if (text.empty() && logprobs.empty()) return;
   {
     std::lock_guard lock(mutex_);
-    pending_ += text;
+    Choice& choice = choices_[size_t(index)];
+    choice.pending.text += text;
+    for (auto& l : logprobs) choice.pending.logprobs.push_back(std::move(l));
+    if (!choice.queued) news_.push_back(index);
+    choice.queued = true;
   }
   cv_.notify_all();
 }
 
-void Completion::finish(std::string reason, std::string error_message) {
+bool Completion::finish(int index, std::string reason, int64_t completion_tokens,
+                        std::string error_message) {
+  bool last = false;
   {
     std::lock_guard lock(mutex_);
-    finish_reason = std::move(reason);
-    error = std::move(error_message);
-    done_ = true;
+    Choice& choice = choices_[size_t(index)];
+    if (choice.done) return false;
+    choice.done = true;
+    choice.pending.finished = true;
+    choice.pending.finish_reason = std::move(reason);
+    choice.pending.error = std::move(error_message);
+    choice.pending.completion_tokens = completion_tokens;
+    if (choice.pending.finish_reason == "error") failed_ = true;
+    if (!choice.queued) news_.push_back(index);
+    choice.queued = true;
+    last = --unfinished_ == 0;
   }
   cv_.notify_all();
+  return last;
+}
+
+bool Completion::failed() const {
+  std::lock_guard lock(mutex_);
+  return failed_;
 }
 
 std::string StopMatcher::push(std::string_view text) {
@@ -98,11 +137,15 @@ SlotEngine::~SlotEngine() {
 }
 
 std::shared_ptr<Completion> SlotEngine::submit(Job job) {
-  auto completion = std::make_shared<Completion>();
+  auto completion = std::make_shared<Completion>(job.n_choices);
   {
     std::lock_guard lock(mutex_);
     if (stopping_) return nullptr;
-    queue_.emplace_back(completion, std::move(job));
+    for (int i = 0; i < completion->n_choices(); ++i) {
+      Job choice = job;
+      choice.sampling.seed += uint64_t(i);  // its own continuation, reproducible for a seed
+      queue_.push_back(Queued{completion, i, std::move(choice)});
+    }
     stats_.queued = queue_.size();
   }
   cv_.notify_all();
@@ -135,14 +178,15 @@ void SlotEngine::loop() {
       for (Slot& s : slots_) {
         if (queue_.empty()) break;
         if (s.completion) continue;
-        auto [completion, job] = std::move(queue_.front());
+        Queued queued = std::move(queue_.front());
         queue_.pop_front();
+        const std::shared_ptr<Completion> completion = queued.completion;
+        const int choice = queued.choice;
         try {
-          start(s, completion, std::move(job));
+          start(s, std::move(queued));
         } catch (const std::exception& e) {  // e.g. a sampler parameter out of range
           s.completion.reset();
-          ++stats_.requests_failed;
-          completion->finish("error", e.what());
+          if (completion->finish(choice, "error", 0, e.what())) ++stats_.requests_failed;
         }
       }
       stats_.queued = queue_.size();
@@ -155,15 +199,17 @@ void SlotEngine::loop() {
   }
 }
 
-void SlotEngine::start(Slot& slot, std::shared_ptr<Completion> completion, Job job) {
-  slot.completion = std::move(completion);
-  slot.job = std::move(job);
+void SlotEngine::start(Slot& slot, Queued queued) {
+  slot.completion = std::move(queued.completion);
+  slot.choice = queued.choice;
+  slot.job = std::move(queued.job);
   slot.sampler = std::make_unique<Sampler>(slot.job.sampling);  // checked by the server
   slot.stream = std::make_unique<TokenStream>(session_->tokenizer());
   slot.stop = StopMatcher(slot.job.stop);
   slot.last = -1;
   slot.prefilled = false;
-  slot.completion->prompt_tokens = int64_t(slot.job.prompt.size());
+  slot.generated = slot.text_bytes = slot.sent_bytes = 0;
+  slot.held.clear();
 }
 
 void SlotEngine::step() {
@@ -230,26 +276,32 @@ void SlotEngine::prefill(Slot& slot) {
 }
 
 void SlotEngine::sample(Slot& slot, std::span<const float> logits) {
-  Completion& c = *slot.completion;
-  if (c.completion_tokens >= slot.job.max_tokens) {
+  if (slot.generated >= slot.job.max_tokens) {
     finish(slot, "length");
     return;
   }
   const int32_t token = slot.sampler->sample(logits);
   slot.sampler->accept(token);
-  if (session_->tokenizer().is_end_of_generation(token)) {
+  const Tokenizer& tokenizer = session_->tokenizer();
+  if (tokenizer.is_end_of_generation(token)) {
     finish(slot, "stop");
     return;
   }
-  ++c.completion_tokens;
+  ++slot.generated;
   {
     std::lock_guard lock(mutex_);
     ++stats_.generated_tokens;
   }
-  c.push(slot.stop.push(slot.stream->push(token)));
+  if (slot.job.top_logprobs >= 0) {
+    GeneratedLogprob l = token_logprobs(logits, token, slot.job.top_logprobs);
+    l.text_offset = slot.text_bytes;
+    slot.held.push_back(std::move(l));
+    slot.text_bytes += int64_t(tokenizer.token_to_piece(token).size());  // as TokenStream reads it
+  }
+  hand_over(slot, slot.stop.push(slot.stream->push(token)));
   if (slot.stop.matched()) {
     finish(slot, "stop");
-  } else if (c.completion_tokens >= slot.job.max_tokens ||
+  } else if (slot.generated >= slot.job.max_tokens ||
              session_->n_past(slot.sequence) >= session_->n_ctx()) {
     finish(slot, "length");
   } else {
@@ -257,28 +309,49 @@ void SlotEngine::sample(Slot& slot, std::span<const float> logits) {
   }
 }
 
+void SlotEngine::hand_over(Slot& slot, std::string text, bool last) {
+  slot.sent_bytes += int64_t(text.size());
+  // A token goes with the text that begins it; after a stop string, the tokens that begin
+  // within it are left out with it.
+  std::vector<GeneratedLogprob> logprobs;
+  while (!slot.held.empty() &&
+         (slot.held.front().text_offset < slot.sent_bytes || (last && !slot.stop.matched()))) {
+    logprobs.push_back(std::move(slot.held.front()));
+    slot.held.pop_front();
+  }
+  slot.completion->push(slot.choice, text, std::move(logprobs));
+}
+
 void SlotEngine::finish(Slot& slot, const std::string& reason, const std::string& error) {
   if (!slot.completion) return;  // finished already (an error after its last token)
   Completion& c = *slot.completion;
-  if (reason != "error" && !slot.stop.matched()) {
-    c.push(slot.stop.push(slot.stream->flush()));
-    if (!slot.stop.matched()) c.push(slot.stop.flush());
+  if (reason != "error") {
+    std::string rest;
+    if (!slot.stop.matched()) {
+      rest = slot.stop.push(slot.stream->flush());
+      if (!slot.stop.matched()) rest += slot.stop.flush();
+    }
+    hand_over(slot, std::move(rest), /*last=*/true);
   }
+  const bool request_done = c.finish(slot.choice, reason, slot.generated, error);
   {
     std::lock_guard lock(mutex_);
     --stats_.slots_busy;
-    if (reason == "error") {
-      ++stats_.requests_failed;
-    } else if (reason == "cancelled") {
-      ++stats_.requests_cancelled;
-    } else {
-      ++stats_.requests_finished;
+    // A request counts once, when its last choice ends.
+    if (request_done) {
+      if (c.failed()) {
+        ++stats_.requests_failed;
+      } else if (c.cancelled()) {
+        ++stats_.requests_cancelled;
+      } else {
+        ++stats_.requests_finished;
+      }
     }
   }
-  c.finish(reason, error);
   slot.completion.reset();
   slot.sampler.reset();
   slot.stream.reset();
+  slot.held.clear();
 }
 
 void SlotEngine::fold_telemetry() {

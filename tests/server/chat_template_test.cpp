@@ -115,6 +115,21 @@ TEST(Request, ReadsTheFieldsItKnowsAndIgnoresOthers) {
   ASSERT_EQ(chat.messages.size(), 1u);
   EXPECT_EQ(chat.messages[0].content, "ab");
   EXPECT_EQ(chat.max_tokens, 3);
+  EXPECT_EQ(chat.top_logprobs, -1);  // not asked
+  EXPECT_EQ(chat.n, 1);
+}
+
+TEST(Request, ReadsLogprobsAndChoices) {
+  const CompletionRequest completion =
+      parse_completion_request(R"({"prompt":"a","logprobs":0,"n":8})", false);
+  EXPECT_EQ(completion.top_logprobs, 0);  // the chosen tokens' logprobs only
+  EXPECT_EQ(completion.n, 8);
+  const CompletionRequest chat = parse_completion_request(
+      R"({"messages":[{"role":"user","content":"a"}],"logprobs":true,"top_logprobs":20})", true);
+  EXPECT_EQ(chat.top_logprobs, 20);
+  const CompletionRequest off = parse_completion_request(
+      R"({"messages":[{"role":"user","content":"a"}],"logprobs":false})", true);
+  EXPECT_EQ(off.top_logprobs, -1);
 }
 
 TEST(Request, NamesTheFieldAtFault) {
@@ -134,6 +149,13 @@ TEST(Request, NamesTheFieldAtFault) {
   EXPECT_EQ(param_of(R"({"messages":[{"role":"robot","content":"x"}]})", true), "messages[0].role");
   EXPECT_EQ(param_of(R"({"prompt":"a","max_tokens":99999999999})", false), "max_tokens");
   EXPECT_EQ(param_of("[1]", false), "");
+  EXPECT_EQ(param_of(R"({"prompt":"a","n":9})", false), "n");
+  EXPECT_EQ(param_of(R"({"prompt":"a","logprobs":6})", false), "logprobs");
+  EXPECT_EQ(param_of(R"({"prompt":"a","logprobs":true})", false), "logprobs");
+  EXPECT_EQ(param_of(R"({"messages":[{"role":"user","content":"a"}],"logprobs":3})", true),
+            "logprobs");
+  EXPECT_EQ(param_of(R"({"messages":[{"role":"user","content":"a"}],"top_logprobs":3})", true),
+            "top_logprobs");
 }
 
 TEST(Request, ErrorBodyHasOpenAIsShape) {

@@ -1,11 +1,16 @@
 // `tandem serve` over a socket on 127.0.0.1 with the tiny synthetic model: a completion equals
 // the session's own greedy generation, a streamed chat equals the whole one, 16 concurrent
 // clients each get their own complete answer, malformed requests get a 4xx with OpenAI's error
-// body while the server keeps serving, /metrics parses, and a stop lets the request in flight
-// finish.
+// body while the server keeps serving, /metrics parses, logprobs and several choices have
+// OpenAI's shape, and a stop lets the request in flight finish.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -16,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "request.h"
 #include "server.h"
 #include "tandem/runtime.h"
 #include "tiny_model.h"
@@ -316,21 +322,29 @@ TEST(Serve, MalformedRequestsGetAnErrorAndTheServerKeepsServing) {
       {"/v1/completions", R"({"prompt": "a", "stream": "yes"})"},
       {"/v1/completions", R"({"prompt": "a", "stop": 5})"},
       {"/v1/completions", R"({"prompt": "a", "stop": ["a","b","c","d","e"]})"},
-      {"/v1/completions", R"({"prompt": "a", "n": 3})"},
+      {"/v1/completions", R"({"prompt": "a", "n": 9})"},
+      {"/v1/completions", R"({"prompt": "a", "n": 0})"},
+      {"/v1/completions", R"({"prompt": "a", "logprobs": 6})"},
+      {"/v1/completions", R"({"prompt": "a", "logprobs": true})"},
       {"/v1/completions", R"({"prompt": "a", "seed": "x"})"},
       {"/v1/completions", R"({"prompt": "a", "model": 42})"},
       {"/v1/completions", R"({"prompt": "a", "model": "gpt-4"})"},
-      {"/v1/completions", R"({"prompt": "a", "logprobs": 5})"},
       {"/v1/chat/completions", R"({"messages": "hi"})"},
       {"/v1/chat/completions", R"({"messages": []})"},
       {"/v1/chat/completions", R"({"messages": [{"content": "hi"}]})"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": 7}]})"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}],
                                    "stream_options": 1})"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}],
+                                   "logprobs": 1})"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}],
+                                   "top_logprobs": 2})"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}],
+                                   "logprobs": true, "top_logprobs": 21})"},
       {"/v1/nothing-here", "{}"},
       {"/v1/completions", std::string(100 << 10, 'x')},  // over the 64 KiB body limit
   };
-  ASSERT_EQ(completions.size(), 30u);
+  ASSERT_EQ(completions.size(), 35u);
   for (const auto& [path, body] : completions) {
     SCOPED_TRACE(path + " " + body.substr(0, 80));
     auto res = c.Post(path.c_str(), body, "application/json");
@@ -384,6 +398,206 @@ TEST(Serve, MetricsArePrometheusTextWithPerBackendCounters) {
   EXPECT_TRUE(values.count("tandem_tokens_per_second{phase=\"generation\"}"));
 }
 
+// Checks one greedy token's completions-style entry: the map of the best is sorted, at most n
+// long, and begins with the chosen token, whose logprob is the best one.
+void expect_greedy_completion_logprobs(const nlohmann::ordered_json& lp, size_t n_tokens, int n) {
+  ASSERT_TRUE(lp.is_object()) << lp.dump();
+  ASSERT_EQ(lp["tokens"].size(), n_tokens);
+  ASSERT_EQ(lp["token_logprobs"].size(), n_tokens);
+  ASSERT_EQ(lp["top_logprobs"].size(), n_tokens);
+  ASSERT_EQ(lp["text_offset"].size(), n_tokens);
+  for (size_t i = 0; i < n_tokens; ++i) {
+    SCOPED_TRACE("token " + std::to_string(i));
+    const double chosen = lp["token_logprobs"][i].get<double>();
+    EXPECT_LE(chosen, 0.0);
+    const auto& top = lp["top_logprobs"][i];
+    // Keyed by text: two tokens with one text (a byte token and its character) share an entry.
+    EXPECT_GE(top.size(), 1u);
+    EXPECT_LE(top.size(), size_t(n));
+    double previous = 0.0;
+    for (auto it = top.begin(); it != top.end(); ++it) {
+      EXPECT_LE(it.value().get<double>(), previous) << top.dump();
+      previous = it.value().get<double>();
+    }
+    EXPECT_EQ(top.begin().key(), lp["tokens"][i]);
+    EXPECT_NEAR(top.begin().value().get<double>(), chosen, 1e-6);
+    if (i > 0) {
+      EXPECT_GE(lp["text_offset"][i], lp["text_offset"][i - 1]);
+    }
+  }
+  if (n_tokens > 0) {
+    EXPECT_EQ(lp["text_offset"][0], 0);
+  }
+}
+
+TEST(Serve, CompletionLogprobsAreSortedAndTheGreedyTokenIsTheBest) {
+  auto c = shared_server().client();
+  const json body = {
+      {"prompt", "hello world"}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 3}};
+  auto res = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const auto j = nlohmann::ordered_json::parse(res->body);
+  EXPECT_EQ(j["choices"][0]["text"], greedy_text("hello world", 6));  // asking changes nothing
+  const size_t n_tokens = j["usage"]["completion_tokens"].get<size_t>();
+  expect_greedy_completion_logprobs(j["choices"][0]["logprobs"], n_tokens, 3);
+
+  // Streamed, the chunks carry the same tokens.
+  json streamed_body = body;
+  streamed_body["stream"] = true;
+  auto streamed = c.Post("/v1/completions", streamed_body.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  json tokens = json::array();
+  for (const std::string& event : sse_events(streamed->body)) {
+    if (event == "[DONE]") break;
+    const json e = json::parse(event);
+    const json& lp = e["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    for (const json& t : lp["tokens"]) tokens.push_back(t);
+  }
+  EXPECT_EQ(tokens, json(j["choices"][0]["logprobs"]["tokens"]));
+
+  // Not asked: null.
+  const json plain = post(c, "/v1/completions", {{"prompt", "hello world"}, {"max_tokens", 2}});
+  EXPECT_TRUE(plain["choices"][0]["logprobs"].is_null());
+}
+
+// The raw bytes of a logprobs token: its text, or the bytes a "bytes:\xNN..." token names.
+std::string token_bytes(const std::string& token) {
+  if (token.rfind("bytes:", 0) != 0) return token;
+  std::string out;
+  for (size_t at = 6; at + 4 <= token.size(); at += 4)
+    out += char(std::stoi(token.substr(at + 2, 2), nullptr, 16));
+  return out;
+}
+
+TEST(Serve, LogprobsLeaveOutTheTokensOfAStopString) {
+  auto c = shared_server().client();
+  const json full =
+      post(c, "/v1/completions",
+           {{"prompt", "the cat"}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", 0}});
+  const json& tokens = full["choices"][0]["logprobs"]["tokens"];
+  const json& offsets = full["choices"][0]["logprobs"]["text_offset"];
+  std::string raw;
+  for (const json& t : tokens) raw += token_bytes(t.get<std::string>());
+  // A later token of plain ASCII text is the stop string; it ends the text where it first occurs.
+  std::string stop;
+  for (size_t k = 1; k < tokens.size() && stop.empty(); ++k) {
+    const std::string t = tokens[k];
+    const auto printable = [](char ch) { return ch >= ' ' && uint8_t(ch) < 0x80; };
+    if (!t.empty() && t.rfind("bytes:", 0) != 0 && std::all_of(t.begin(), t.end(), printable)) {
+      stop = t;
+    }
+  }
+  ASSERT_FALSE(stop.empty()) << tokens.dump();
+  const int64_t cut = int64_t(raw.find(stop));
+  size_t kept = 0;
+  while (kept < offsets.size() && offsets[kept].get<int64_t>() < cut) ++kept;
+  ASSERT_LT(kept, tokens.size());  // the stop string's own token at least is left out
+
+  const json cut_short = post(c, "/v1/completions",
+                              {{"prompt", "the cat"},
+                               {"max_tokens", 12},
+                               {"temperature", 0},
+                               {"logprobs", 0},
+                               {"stop", stop}});
+  EXPECT_EQ(cut_short["choices"][0]["finish_reason"], "stop");
+  const json& listed = cut_short["choices"][0]["logprobs"]["tokens"];
+  ASSERT_EQ(listed.size(), kept) << "stop " << json(stop).dump() << " in " << tokens.dump();
+  for (size_t i = 0; i < kept; ++i) EXPECT_EQ(listed[i], tokens[i]);
+}
+
+TEST(Serve, ChatLogprobsHaveOpenAIsShape) {
+  auto c = shared_server().client();
+  const json messages = json::array({{{"role", "user"}, {"content", "say something"}}});
+  const json j = post(c, "/v1/chat/completions",
+                      {{"messages", messages},
+                       {"max_tokens", 5},
+                       {"temperature", 0},
+                       {"logprobs", true},
+                       {"top_logprobs", 4}});
+  const json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_TRUE(content.is_array()) << j.dump();
+  EXPECT_EQ(content.size(), j["usage"]["completion_tokens"].get<size_t>());
+  for (const json& e : content) {
+    EXPECT_TRUE(e["token"].is_string());
+    EXPECT_LE(e["logprob"].get<double>(), 0.0);
+    EXPECT_TRUE(e["bytes"].is_array());
+    for (const json& b : e["bytes"]) EXPECT_TRUE(b.is_number_integer() && b >= 0 && b < 256);
+    const json& top = e["top_logprobs"];
+    ASSERT_EQ(top.size(), 4u);
+    for (size_t k = 1; k < top.size(); ++k) EXPECT_LE(top[k]["logprob"], top[k - 1]["logprob"]);
+    EXPECT_EQ(top[0]["token"], e["token"]);
+    EXPECT_NEAR(top[0]["logprob"].get<double>(), e["logprob"].get<double>(), 1e-6);
+  }
+  // logprobs without top_logprobs: the chosen tokens only.
+  const json bare = post(c, "/v1/chat/completions",
+                         {{"messages", messages}, {"max_tokens", 2}, {"logprobs", true}});
+  for (const json& e : bare["choices"][0]["logprobs"]["content"])
+    EXPECT_TRUE(e["top_logprobs"].empty());
+}
+
+TEST(Serve, SeveralChoicesEachSampleTheirOwnContinuation) {
+  auto c = shared_server().client();
+  const std::string expected = greedy_text("one two", 4);
+  const json one =
+      post(c, "/v1/completions", {{"prompt", "one two"}, {"max_tokens", 4}, {"temperature", 0}});
+  const json greedy =
+      post(c, "/v1/completions",
+           {{"prompt", "one two"}, {"max_tokens", 4}, {"temperature", 0}, {"n", 3}});
+  ASSERT_EQ(greedy["choices"].size(), 3u) << greedy.dump();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(greedy["choices"][i]["index"], i);
+    EXPECT_EQ(greedy["choices"][i]["text"], expected);
+  }
+  // The prompt counts once, the choices' tokens all.
+  EXPECT_EQ(greedy["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"]);
+  EXPECT_EQ(greedy["usage"]["completion_tokens"], 3 * one["usage"]["completion_tokens"].get<int>());
+
+  // Sampled: choice i draws with seed + i.
+  const json sampled = post(
+      c, "/v1/completions",
+      {{"prompt", "one two"}, {"max_tokens", 4}, {"temperature", 1.5}, {"seed", 40}, {"n", 2}});
+  const json alone =
+      post(c, "/v1/completions",
+           {{"prompt", "one two"}, {"max_tokens", 4}, {"temperature", 1.5}, {"seed", 41}});
+  ASSERT_EQ(sampled["choices"].size(), 2u);
+  EXPECT_EQ(sampled["choices"][1]["text"], alone["choices"][0]["text"]);
+
+  // Streamed: every chunk names its choice; each choice ends once.
+  auto res = c.Post("/v1/chat/completions",
+                    json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                         {"max_tokens", 3},
+                         {"temperature", 0},
+                         {"n", 2},
+                         {"stream", true}}
+                        .dump(),
+                    "application/json");
+  ASSERT_TRUE(res);
+  std::map<int, std::string> text;
+  std::map<int, int> finishes;
+  for (const std::string& event : sse_events(res->body)) {
+    if (event == "[DONE]") break;
+    const json choice = json::parse(event)["choices"][0];
+    const int index = choice["index"];
+    ASSERT_TRUE(index == 0 || index == 1) << event;
+    if (choice["delta"].contains("content")) text[index] += choice["delta"]["content"];
+    if (!choice["finish_reason"].is_null()) ++finishes[index];
+  }
+  EXPECT_EQ(finishes[0], 1);
+  EXPECT_EQ(finishes[1], 1);
+  EXPECT_EQ(text[0], text[1]);
+}
+
+TEST(Serve, TooManyChoicesIsAnInvalidRequest) {
+  auto c = shared_server().client();
+  const json j = post(c, "/v1/completions", {{"prompt", "a"}, {"n", kMaxChoices + 1}}, 400);
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "n");
+  EXPECT_TRUE(j["error"]["message"].is_string());
+  EXPECT_TRUE(j["error"].contains("code"));
+}
+
 TEST(Serve, StopLetsTheRequestInFlightFinish) {
   RunningServer running;
   json answer;
@@ -406,6 +620,53 @@ TEST(Serve, StopLetsTheRequestInFlightFinish) {
   EXPECT_EQ(completion_text(answer, false, 40), greedy_text("a long answer", 40));
   auto after = running.client().Get("/health");
   EXPECT_FALSE(after) << "still answering after stop";
+}
+
+// A client that keeps its connection open after one answer, as pooling clients do (OpenAI's
+// Python client): a raw socket, so nothing on the client side closes it.
+class IdleKeepAliveClient {
+ public:
+  explicit IdleKeepAliveClient(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  }
+  ~IdleKeepAliveClient() { ::close(fd_); }
+  // Sends GET /health (HTTP/1.1, keep-alive by default) and reads the answer's head.
+  std::string get_health() {
+    const std::string request = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    if (!connected_ || ::send(fd_, request.data(), request.size(), 0) < 0) return {};
+    std::string answer;
+    char buf[512];
+    while (answer.find("\r\n\r\n") == std::string::npos) {
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      answer.append(buf, size_t(n));
+    }
+    return answer;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+TEST(Serve, StopDoesNotWaitForAnIdleKeepAliveConnection) {
+  RunningServer running;
+  IdleKeepAliveClient idle(running.port());
+  const std::string head = idle.get_health();
+  ASSERT_NE(head.find("200 OK"), std::string::npos) << head;
+  // httplib 0.11 waits out an idle connection's keep-alive timeout (5 s) before it can stop;
+  // answers close their connection instead.
+  EXPECT_NE(head.find("Connection: close"), std::string::npos) << head;
+  const auto t0 = std::chrono::steady_clock::now();
+  running.stop();
+  const double stop_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(stop_s, 2.5) << "stop waited for the idle connection";
 }
 
 }  // namespace
