@@ -138,6 +138,9 @@ class Graph {
   TensorId storage_of(TensorId id) const;
   // Hash of ops, inputs, params, shapes, dtypes and roles (not names): equal graphs share plans.
   uint64_t signature() const;
+  // Hash of the leaves' names (inputs, weights, KV caches): what pins, residency and bindings
+  // key on beside the signature. Computed once per change of the graph, like signature().
+  uint64_t leaf_names_hash() const;
   // Nodes that read each tensor, and the last node index reading it (or -1).
   std::vector<int32_t> last_uses() const;
 
@@ -161,6 +164,7 @@ class Graph {
   std::vector<TensorDesc> tensors_;
   std::vector<TensorId> outputs_;
   SignatureMemo signature_;
+  SignatureMemo leaf_names_;
 };
 
 }  // namespace tandem

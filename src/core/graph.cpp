@@ -52,6 +52,7 @@ TensorId Graph::push(Node node, TensorDesc desc) {
   nodes_.push_back(std::move(node));
   tensors_.push_back(std::move(desc));
   signature_.value.store(0, std::memory_order_relaxed);
+  leaf_names_.value.store(0, std::memory_order_relaxed);
   return id;
 }
 
@@ -259,6 +260,18 @@ void Graph::mark_output(TensorId id) {
 void Graph::set_name(TensorId id, std::string name) {
   check_id(id, "graph set_name");
   tensors_[size_t(id)].name = std::move(name);
+  leaf_names_.value.store(0, std::memory_order_relaxed);
+}
+
+uint64_t Graph::leaf_names_hash() const {
+  if (uint64_t memo = leaf_names_.value.load(std::memory_order_relaxed)) return memo;
+  uint64_t h = 0x13198A2E03707344ull;
+  for (const Node& n : nodes_) {
+    if (is_leaf(n.op)) h = hash_combine(h, std::hash<std::string>{}(tensors_[size_t(n.id)].name));
+  }
+  if (h == 0) h = 1;  // 0 marks "not computed"
+  leaf_names_.value.store(h, std::memory_order_relaxed);
+  return h;
 }
 
 uint64_t Graph::signature() const {

@@ -388,7 +388,9 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
 
   const TimingMode timing = m.options.timing;
   const bool record = m.options.record_events;
-  std::vector<ExecutionEvent> events;
+  // Reused from run to run (runs hold run_mutex): no allocation per decode step.
+  std::vector<ExecutionEvent>& events = m.run_events;
+  events.clear();
   if (record) events.reserve(plan.execs.size() + plan.transfers.size() + 1);
   const size_t nb = m.backends.size();
   std::vector<bool> dirty(nb, false);

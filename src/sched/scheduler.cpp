@@ -432,11 +432,9 @@ std::shared_ptr<const Placement> HybridScheduler::plan(const Graph& graph,
 }
 
 uint64_t HybridScheduler::plan_key(const Graph& graph, const Residency& residency) const {
-  // Names are not in the signature but pins, residency and bindings key on them.
-  uint64_t key = graph.signature();
-  for (const Node& n : graph.nodes()) {
-    if (is_leaf(n.op)) key = hash_combine(key, std::hash<std::string>{}(graph.tensor(n.id).name));
-  }
+  // Names are not in the signature but pins, residency and bindings key on them (both hashes
+  // are kept by the graph: this runs before every step).
+  uint64_t key = hash_combine(graph.signature(), graph.leaf_names_hash());
   key = hash_combine(key, residency.hash());
   // A device lost since the last plan must not be chosen again.
   key = hash_combine(key, impl_->lost_mask());
