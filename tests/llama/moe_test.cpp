@@ -425,6 +425,26 @@ TEST(MoePlacement, OverrideTensorKeepsMatchedExpertsOnTheHost) {
   }
 }
 
+// Two GPUs split the layers in ranges (blk.0 on gpu0, blk.1 on gpu1); --n-cpu-moe's pins come
+// first, so layer 0's experts stay on the host while the rest of layer 0 goes to gpu0.
+TEST(MoePlacement, NCpuMoeWinsOverTheGpuLayerRanges) {
+  const std::string path = model_path("tiny-moe", DType::F32);
+  SessionOptions o = options(path, "gpu");
+  o.backends = {test::make_cpu("host"), test::make_gpu("gpu0"), test::make_gpu("gpu1")};
+  o.no_calibrate = true;
+  o.n_cpu_moe = 1;
+  Session s(o);
+  expect_reference_logits(s, path, "two gpus");
+  const Residency& r = s.executor().residency();
+  for (const auto& t : s.file().tensors()) {
+    const int layer = layer_of(t.name);
+    if (layer < 0) continue;
+    const auto locs = r.locations(t.name);
+    const std::string want = layer == 0 && is_expert(t.name) ? "" : layer == 0 ? "gpu0" : "gpu1";
+    EXPECT_EQ(locs.empty() ? "" : locs.front(), want) << t.name;
+  }
+}
+
 TEST(MoePlacement, NCpuMoeBadValuesAndDenseModels) {
   const std::string moe = model_path("tiny-moe", DType::F32);
   SessionOptions o = fake_gpu_options(moe, "gpu");
