@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -57,6 +58,10 @@ struct SessionOptions {
   // llama.cpp -ngl: layers >= N (weights and KV cache), the token embedding and, below
   // n_layer + 1, the output layer live in host memory. Unset: placement is the strategy's alone.
   std::optional<int> n_gpu_layers;
+  // llama.cpp --n-cpu-moe: the expert tensors (ffn_{gate,up,down}_exps) of layers < N live in
+  // host memory, so their ExpertMatMul runs on the host; kAllLayers (--cpu-moe): every layer's.
+  // On a model without experts it pins nothing, as in llama.cpp.
+  std::optional<int> n_cpu_moe;
   TimingMode timing = TimingMode::Off;
   bool record_events = true;
   // Cost profile: another file (--cost-profile), none (--no-calibrate), a quick calibration
@@ -121,6 +126,13 @@ struct GenerateResult {
 std::vector<TensorPin> host_layer_pins(int n_layer, int n_gpu_layers,
                                        std::span<const std::shared_ptr<Backend>> backends,
                                        bool tied_embeddings = false);
+
+// llama.cpp's --n-cpu-moe as a pin: the expert tensors of layers < n_cpu_moe (every layer from
+// n_layer on) pinned to the first host (CPU-kind) backend; none for 0. The rest of each layer
+// stays the strategy's (or -ngl's).
+inline constexpr int kAllLayers = std::numeric_limits<int>::max();
+std::vector<TensorPin> host_expert_pins(int n_layer, int n_cpu_moe,
+                                        std::span<const std::shared_ptr<Backend>> backends);
 
 class Session {
  public:

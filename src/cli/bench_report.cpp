@@ -55,6 +55,7 @@ nlohmann::ordered_json to_json(const BenchResult& r) {
   nlohmann::ordered_json j{{"model", r.model},
                            {"strategy", r.strategy},
                            {"n_gpu_layers", nullptr},
+                           {"n_cpu_moe", nullptr},
                            {"test", r.test},
                            {"n_prompt", r.n_prompt},
                            {"n_gen", r.n_gen},
@@ -68,6 +69,10 @@ nlohmann::ordered_json to_json(const BenchResult& r) {
                            {"samples_ts", r.tokens_per_s()},
                            {"placement", r.placement}};
   if (r.n_gpu_layers) j["n_gpu_layers"] = *r.n_gpu_layers;
+  if (r.n_cpu_moe) {
+    j["n_cpu_moe"] = *r.n_cpu_moe == kAllLayers ? nlohmann::ordered_json("all")
+                                                : nlohmann::ordered_json(*r.n_cpu_moe);
+  }
   return j;
 }
 
@@ -86,6 +91,10 @@ std::string csv_field(const nlohmann::ordered_json& v) {
 }
 
 }  // namespace
+
+std::string ncmoe_text(int n_cpu_moe) {
+  return n_cpu_moe == kAllLayers ? "all" : std::to_string(n_cpu_moe);
+}
 
 std::vector<double> BenchResult::tokens_per_s() const {
   std::vector<double> ts;
@@ -138,10 +147,14 @@ std::string format_bench_results(const std::vector<BenchResult>& results,
     }
     return out.str();
   }
-  bool any_ngl = false;
-  for (const auto& r : results) any_ngl = any_ngl || r.n_gpu_layers.has_value();
+  bool any_ngl = false, any_ncmoe = false;
+  for (const auto& r : results) {
+    any_ngl = any_ngl || r.n_gpu_layers.has_value();
+    any_ncmoe = any_ncmoe || r.n_cpu_moe.has_value();
+  }
   std::vector<std::string> header{"model", "strategy"};
   if (any_ngl) header.push_back("ngl");
+  if (any_ncmoe) header.push_back("n_cpu_moe");
   for (const char* h : {"placement", "test", "reps", "t/s"}) header.push_back(h);
   std::vector<std::vector<std::string>> rows;
   for (const auto& r : results) {
@@ -150,6 +163,7 @@ std::string format_bench_results(const std::vector<BenchResult>& results,
     std::snprintf(ts, sizeof ts, "%.2f ± %.2f", ms.mean, ms.stddev);
     std::vector<std::string> row{r.model, r.strategy};
     if (any_ngl) row.push_back(r.n_gpu_layers ? std::to_string(*r.n_gpu_layers) : "-");
+    if (any_ncmoe) row.push_back(r.n_cpu_moe ? ncmoe_text(*r.n_cpu_moe) : "-");
     for (std::string cell :
          {r.placement, r.test, std::to_string(r.seconds.size()), std::string(ts)}) {
       row.push_back(cell);

@@ -25,6 +25,7 @@ void run_bench_test(Session& engine, int n_prompt, int n_gen, std::mt19937& rng)
 struct BenchResult {
   std::string model, strategy, test, placement;
   std::optional<int> n_gpu_layers;
+  std::optional<int> n_cpu_moe;  // kAllLayers: --cpu-moe
   int n_prompt = 0, n_gen = 0;
   int n_depth = 0;              // tokens of context before the test (not counted in t/s)
   std::vector<double> seconds;  // one per timed repetition, in order
@@ -39,6 +40,9 @@ struct BenchResult {
 std::vector<double> time_test(int repetitions, const std::function<void()>& run,
                               const std::function<double()>& now_s = {},
                               const std::function<void()>& setup = {});
+
+// A --n-cpu-moe value as the reports write it ("all" for --cpu-moe).
+std::string ncmoe_text(int n_cpu_moe);
 
 // The output formats of llama-bench that Tandem writes; `format` is one of them.
 inline const std::vector<std::string>& bench_output_formats() {

@@ -82,11 +82,14 @@ int run_bench(const BenchOptions& o) {
                                                   ? std::vector<std::string>{"placement"}
                                                   : default_strategies();
   const size_t ngl_count = std::max<size_t>(1, o.engine.n_gpu_layers.size());
+  const size_t moe_count = std::max<size_t>(1, o.engine.n_cpu_moe.size());
   int max_tokens = 1;
   for (const auto& t : tests) max_tokens = std::max(max_tokens, t.n_depth + t.n_prompt + t.n_gen);
   // Every flag is checked before the first model load.
   for (const auto& strategy : strategies) {
-    for (size_t i = 0; i < ngl_count; ++i) o.engine.to_options(strategy, i);
+    for (size_t i = 0; i < ngl_count; ++i) {
+      for (size_t m = 0; m < moe_count; ++m) o.engine.to_options(strategy, i, m);
+    }
   }
   print_gpu_flags_warning(o.engine);
 
@@ -94,13 +97,15 @@ int run_bench(const BenchOptions& o) {
   std::ostringstream summaries;
   std::mt19937 rng(uint32_t(o.seed));
   for (const auto& strategy : strategies) {
-    for (size_t ngl_index = 0; ngl_index < ngl_count; ++ngl_index) {
-      SessionOptions eo = o.engine.to_options(strategy, ngl_index);
+    for (size_t config = 0; config < ngl_count * moe_count; ++config) {
+      const size_t ngl_index = config / moe_count, moe_index = config % moe_count;
+      SessionOptions eo = o.engine.to_options(strategy, ngl_index, moe_index);
       eo.calibrate_if_missing = true;
       if (eo.n_ctx == 0) eo.n_ctx = max_tokens + 1;
       std::string label =
           o.engine.placement.empty() ? strategy : eo.strategy + " (" + o.engine.placement + ")";
       if (eo.n_gpu_layers) label += " ngl " + std::to_string(*eo.n_gpu_layers);
+      if (eo.n_cpu_moe) label += " ncmoe " + ncmoe_text(*eo.n_cpu_moe);
       {
         Session engine(eo);  // timing off: the timed figures never include per-op timing
         const std::string model =
@@ -112,6 +117,7 @@ int run_bench(const BenchOptions& o) {
                         tests[t].name,
                         "",
                         eo.n_gpu_layers,
+                        eo.n_cpu_moe,
                         tests[t].n_prompt,
                         tests[t].n_gen,
                         tests[t].n_depth,
@@ -141,8 +147,8 @@ int run_bench(const BenchOptions& o) {
           if (test.n_depth > 0) engine.executor().telemetry().clear_telemetry();
           run_bench_test(engine, test.n_prompt, test.n_gen, rng);
         }
-        const size_t configs = strategies.size() * ngl_count;
-        const size_t index = (&strategy - strategies.data()) * ngl_count + ngl_index;
+        const size_t configs = strategies.size() * ngl_count * moe_count;
+        const size_t index = size_t(&strategy - strategies.data()) * ngl_count * moe_count + config;
         const std::string path =
             configs == 1 ? o.trace : o.trace + "." + std::to_string(index) + ".json";
         write_file(path, engine.executor().telemetry().to_chrome_trace_json(), "--trace");
@@ -207,7 +213,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--trace", o->trace,
                   "After the timed runs, write a Chrome trace of one untimed run of every test "
                   "(after a warm-up), segments and streamed copies timed on the devices' queues; "
-                  "FILE.N.json for the N-th strategy and -ngl when there are several");
+                  "FILE.N.json for the N-th strategy, -ngl and -ncmoe when there are several");
   cmd->callback([&run, o]() { run = [o]() { return run_bench(*o); }; });
 }
 

@@ -28,13 +28,14 @@ namespace {
 // The tensor classes a layer row shows.
 const char* class_of(const std::string& name, bool cache) {
   if (cache) return "KV cache";
+  if (name.find("_exps") != std::string::npos) return "experts";
   if (name.find("norm") != std::string::npos) return "norms";
   if (name.find("attn") != std::string::npos) return "attention";
   if (name.find("ffn") != std::string::npos) return "ffn";
   return "other";
 }
 
-const char* const kClasses[] = {"attention", "ffn", "norms", "KV cache"};
+const char* const kClasses[] = {"attention", "ffn", "experts", "norms", "KV cache"};
 
 std::string join(const std::set<std::string>& s) {
   std::string out;
@@ -103,6 +104,8 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
       const Graph& g = *phases[0].graph;
       std::map<int, std::map<std::string, std::set<std::string>>> layer_rows;
       std::map<std::string, std::string> others;  // non-layer tensor -> home
+      // MoE: per layer, the bytes of its expert tensors and where they live.
+      std::map<int, std::pair<size_t, std::set<std::string>>> experts;
       std::map<std::string, size_t> weight_bytes, cache_bytes;
       size_t host_weight_bytes = 0;
       nlohmann::json tensors = nlohmann::json::array();
@@ -124,6 +127,10 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
         const int layer = layer_of(name);
         if (layer >= 0) {
           layer_rows[layer][class_of(name, cache)].insert(home);
+          if (std::string(class_of(name, cache)) == "experts") {
+            experts[layer].first += bytes;
+            experts[layer].second.insert(home);
+          }
         } else {
           others[name] = home;
         }
@@ -197,6 +204,23 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
                             {"layers", jlayers},
                             {"other_tensors", others},
                             {"phases", jphases}};
+      const LlamaConfig& config = engine.config();
+      std::map<int, std::pair<size_t, std::string>> expert_rows;
+      for (const auto& [l, e] : experts) expert_rows[l] = {e.first, join(e.second)};
+      if (config.is_moe()) {
+        nlohmann::json jexperts = nlohmann::json::array();
+        for (const auto& [range, row] : ranges(expert_rows)) {
+          jexperts.push_back(
+              {{"layers", range},
+               {"bytes_per_layer", row.first},
+               {"bytes_read_per_token",
+                size_t(double(row.first) * double(config.n_expert_used) / double(config.n_expert))},
+               {"home", row.second}});
+        }
+        out["experts"] = {{"n_expert", config.n_expert},
+                          {"n_expert_used", config.n_expert_used},
+                          {"layers", jexperts}};
+      }
       const ResidencyPlan* rp = engine.scheduler().residency_plan();
       if (rp) {
         nlohmann::json cands = nlohmann::json::array();
@@ -229,15 +253,35 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
                 << " of KV cache\n";
       if (rp) std::cout << "residency (auto): " << rp->why << "\n";
       std::cout << "\nwhere tensors live\n";
-      std::printf("  %-10s %-14s %-14s %-14s %-14s\n", "layers", kClasses[0], kClasses[1],
-                  kClasses[2], kClasses[3]);
+      std::printf("  %-10s", "layers");
+      for (const char* c : kClasses) {
+        if (config.is_moe() || std::string(c) != "experts") std::printf(" %-14s", c);
+      }
+      std::printf("\n");
       for (const auto& j : jlayers) {
-        std::printf(
-            "  %-10s %-14s %-14s %-14s %-14s\n", j["layers"].get<std::string>().c_str(),
-            j[kClasses[0]].get<std::string>().c_str(), j[kClasses[1]].get<std::string>().c_str(),
-            j[kClasses[2]].get<std::string>().c_str(), j[kClasses[3]].get<std::string>().c_str());
+        std::printf("  %-10s", j["layers"].get<std::string>().c_str());
+        for (const char* c : kClasses) {
+          if (config.is_moe() || std::string(c) != "experts")
+            std::printf(" %-14s", j[c].get<std::string>().c_str());
+        }
+        std::printf("\n");
       }
       for (const auto& [name, home] : others) std::cout << "  " << name << ": " << home << "\n";
+      if (config.is_moe()) {
+        // Why experts go to host memory: most of a layer's bytes, a small part read per token.
+        std::cout << "\nexperts: " << config.n_expert << " per layer, " << config.n_expert_used
+                  << " read per token (" << config.n_expert_used << " of " << config.n_expert
+                  << " of each layer's expert bytes; a batch of T tokens reads at most "
+                     "min(n_expert, "
+                  << config.n_expert_used << " T))\n";
+        for (const auto& [range, row] : ranges(expert_rows)) {
+          std::cout << "  layers " << range << ": " << format_bytes(row.first)
+                    << " of experts a layer, "
+                    << format_bytes(size_t(double(row.first) * double(config.n_expert_used) /
+                                           double(config.n_expert)))
+                    << " read per token; on " << row.second << "\n";
+        }
+      }
       for (size_t i = 0; i < phases.size(); ++i) {
         const auto& jp = jphases[i];
         std::cout << "\n"

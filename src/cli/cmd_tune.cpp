@@ -92,9 +92,12 @@ void add_tune(CLI::App& app, std::function<int()>& run) {
         variants.push_back(std::move(v));
       };
       int n_layer = 0;
+      std::vector<TensorPin> expert_pins;  // a MoE model's experts in host memory (--cpu-moe)
       {
         Session probe(base);
         n_layer = int(probe.config().n_layer);
+        if (probe.config().is_moe())
+          expert_pins = host_expert_pins(n_layer, kAllLayers, probe.scheduler().backends());
       }
       add("auto", "auto", {});
       if (!gpu) {
@@ -145,6 +148,7 @@ void add_tune(CLI::App& app, std::function<int()>& run) {
         // Under the budget: the strategy offloads what fits of the class not pinned.
         add("FFN weights offloaded (-ot attn=cpu)", "gpu", {{"attn_", "cpu"}});
         add("attention weights offloaded (-ot ffn=cpu)", "gpu", {{"ffn_", "cpu"}});
+        if (!expert_pins.empty()) add("experts in host memory (--cpu-moe)", "gpu", expert_pins);
         for (Variant& v : variants) {
           if (v.device_bytes == 0) predicted(v);
         }

@@ -137,10 +137,26 @@ void EngineFlags::add(CLI::App& cmd, bool model_required, bool list_of_ngl) {
   } else {
     ngl->expected(1);
   }
+  auto* ncmoe = cmd.add_option(
+      "--n-cpu-moe", n_cpu_moe,
+      std::string("-ncmoe N, like llama.cpp: the expert tensors (ffn_{gate,up,down}_exps) of "
+                  "layers < N stay in host memory, where the CPU runs their expert products "
+                  "(a GPU only streams them when that is cheaper, as for -ot); the rest is "
+                  "placed as without it; no effect on a model without experts") +
+          (ngl_list ? "; a comma list runs each (-ncmoe 0,8,16)" : ""));
+  if (ngl_list) {
+    ncmoe->delimiter(',');
+  } else {
+    ncmoe->expected(1);
+  }
+  cmd.add_flag("--cpu-moe", cpu_moe,
+               "-cmoe, like llama.cpp: every layer's expert tensors stay in host memory "
+               "(--n-cpu-moe with all layers)");
   cmd.add_option("-c,--ctx-size", ctx, "KV cache length in tokens (0: min(trained, 4096))");
   cmd.add_option("--kv-type", kv_type, "KV cache type: f16 or f32")->capture_default_str();
   cmd.add_option("--override-tensor", overrides,
-                 "-ot REGEX=BACKEND: pin weights to a backend (e.g. 'blk\\.[0-9]+\\.ffn_.*=cpu')");
+                 "-ot REGEX=BACKEND: pin weights to a backend (e.g. 'blk\\.[0-9]+\\.ffn_.*=cpu', "
+                 "or 'exps=CPU': llama.cpp's buffer names CPU and CUDA<N> are accepted)");
   cmd.add_option("--flash-attn", flash_attn,
                  "-fa [on|1|auto]: accepted for llama.cpp compatibility: Tandem's attention is "
                  "always fused (flash-attention style); off is not supported")
@@ -156,7 +172,8 @@ void EngineFlags::add(CLI::App& cmd, bool model_required, bool list_of_ngl) {
                "Use the built-in device figures: no profile is loaded and none is measured");
 }
 
-SessionOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_index) const {
+SessionOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_index,
+                                       size_t moe_index) const {
   SessionOptions o;
   o.model_path = model;
   o.strategy = strategy;
@@ -173,6 +190,16 @@ SessionOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_i
     TANDEM_CHECK_ARG(ngl >= 0, "--n-gpu-layers", "must be >= 0 (got " + std::to_string(ngl) + ")");
     o.n_gpu_layers = ngl;
   }
+  TANDEM_CHECK_ARG(ngl_list || n_cpu_moe.size() <= 1, "--n-cpu-moe",
+                   "takes one value here (lists are for bench)");
+  TANDEM_CHECK_ARG(!cpu_moe || n_cpu_moe.empty(), "--cpu-moe",
+                   "and --n-cpu-moe exclude each other (--cpu-moe is every layer)");
+  if (!n_cpu_moe.empty()) {
+    const int n = n_cpu_moe.at(moe_index);
+    TANDEM_CHECK_ARG(n >= 0, "--n-cpu-moe", "must be >= 0 (got " + std::to_string(n) + ")");
+    o.n_cpu_moe = n;
+  }
+  if (cpu_moe) o.n_cpu_moe = kAllLayers;
   const std::vector<std::string> fused{"", "on", "1", "true", "auto"};
   TANDEM_CHECK_ARG(std::find(fused.begin(), fused.end(), flash_attn) != fused.end(), "--flash-attn",
                    "'" + flash_attn +

@@ -21,6 +21,8 @@ struct EngineFlags {
   std::string flash_attn;  // "" (not given), on, 1, true, auto; off is refused
   int threads = 0;
   std::vector<int> n_gpu_layers;  // empty: unset; several only where lists are allowed (bench)
+  std::vector<int> n_cpu_moe;  // --n-cpu-moe: the same, for the layers whose experts stay on host
+  bool cpu_moe = false;        // --cpu-moe: every layer's experts on the host
   int64_t ctx = 0;
   bool strict = false;
   std::string placement;  // --placement FILE (tandem tune --save)
@@ -28,11 +30,13 @@ struct EngineFlags {
   bool no_calibrate = false;
   bool ngl_list = false;  // set by add()
 
-  // ngl_list: -ngl takes a comma list (bench runs every value).
+  // ngl_list: -ngl and --n-cpu-moe take comma lists (bench runs every value).
   void add(CLI::App& cmd, bool model_required = true, bool list_of_ngl = false);
-  // Options for one strategy and one -ngl value (index into n_gpu_layers); validates every
-  // value and names the flag at fault, before any model is loaded.
-  SessionOptions to_options(const std::string& strategy, size_t ngl_index = 0) const;
+  // Options for one strategy, one -ngl value and one --n-cpu-moe value (indexes into
+  // n_gpu_layers and n_cpu_moe); validates every value and names the flag at fault, before any
+  // model is loaded.
+  SessionOptions to_options(const std::string& strategy, size_t ngl_index = 0,
+                            size_t moe_index = 0) const;
   // "" or, when GPU flags (--gpu-mem, -ngl above 0, -ts) are given on a machine without a GPU,
   // a warning that they change nothing, with the reason no GPU is available.
   std::string gpu_flags_warning() const;

@@ -16,7 +16,8 @@ struct Spelling {
 // One-dash spellings of flags Tandem has; the parser knows only the two-dash ones.
 constexpr Spelling kSpellings[] = {
     {"-ngl", "--ngl"},         {"-fa", "--flash-attn"}, {"-ot", "--override-tensor"},
-    {"-ts", "--tensor-split"}, {"-sm", "--split-mode"}, {"-np", "--parallel"}};
+    {"-ts", "--tensor-split"}, {"-sm", "--split-mode"}, {"-np", "--parallel"},
+    {"-ncmoe", "--n-cpu-moe"}, {"-cmoe", "--cpu-moe"}};
 
 struct Refusal {
   std::vector<std::string_view> spellings;
@@ -42,8 +43,6 @@ const std::vector<Refusal>& refusals() {
       {{"--numa", "-C", "--cpu-mask", "-Cr", "--cpu-range", "--cpu-strict", "--poll", "--prio"},
        "not supported: CPU affinity and priority are left to the system (taskset, nice)"},
       {{"-pg"}, "not supported: run the prompt and generation tests separately with -p and -n"},
-      {{"-ncmoe", "--n-cpu-moe", "-cmoe", "--cpu-moe"},
-       "not supported: Tandem does not run mixture-of-experts models yet"},
       {{"-rpc", "--rpc"}, "not supported: Tandem runs on the devices of one machine"},
   };
   return table;
@@ -143,7 +142,7 @@ std::string translate_llama_flags(std::vector<std::string>& args) {
     } else if (one_dash_word(arg)) {
       return arg +
              ": unknown flag (Tandem's one-dash flags of several letters are -ngl, -fa, "
-             "-ot, -ts, -sm and -np; see 'tandem " +
+             "-ot, -ts, -sm, -np, -ncmoe and -cmoe; see 'tandem " +
              sub + " --help')";
     }
     if (free_text_follows) ++i;

@@ -1,6 +1,7 @@
 #include "tandem/runtime.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <numeric>
 #include <ostream>
@@ -30,6 +31,33 @@ std::ostream& null_stream() {
   return stream;
 }
 
+// The first host (CPU-kind) backend's id: where -ngl and --n-cpu-moe keep weights.
+const std::string& host_backend_id(std::span<const std::shared_ptr<Backend>> backends,
+                                   const char* flag, const char* what) {
+  auto host = std::find_if(backends.begin(), backends.end(),
+                           [](const auto& b) { return b->kind() == BackendKind::Cpu; });
+  TANDEM_CHECK_ARG(host != backends.end(), flag,
+                   std::string("no host (CPU) backend to keep ") + what + " on");
+  return (*host)->backend_id();
+}
+
+// A pin's backend as llama.cpp's -ot spells it: a buffer type, "CPU" for host memory and
+// "CUDA<N>" for GPU N; any other name is a backend id and stays as given.
+std::string pin_backend_id(const std::string& id,
+                           std::span<const std::shared_ptr<Backend>> backends) {
+  if (std::any_of(backends.begin(), backends.end(),
+                  [&](const auto& b) { return b->backend_id() == id; })) {
+    return id;
+  }
+  std::string upper = id;
+  for (char& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
+  if (upper == "CPU") return host_backend_id(backends, "--override-tensor", "the tensors");
+  const std::string digits = upper.starts_with("CUDA") ? upper.substr(4) : "";
+  if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos)
+    return "cuda:" + digits;
+  return id;
+}
+
 }  // namespace
 
 std::vector<TensorPin> host_layer_pins(int n_layer, int n_gpu_layers,
@@ -37,11 +65,7 @@ std::vector<TensorPin> host_layer_pins(int n_layer, int n_gpu_layers,
                                        bool tied_embeddings) {
   TANDEM_CHECK_ARG(n_gpu_layers >= 0, "--n-gpu-layers",
                    "must be >= 0 (got " + std::to_string(n_gpu_layers) + ")");
-  auto host = std::find_if(backends.begin(), backends.end(),
-                           [](const auto& b) { return b->kind() == BackendKind::Cpu; });
-  TANDEM_CHECK_ARG(host != backends.end(), "--n-gpu-layers",
-                   "no host (CPU) backend to keep the other layers on");
-  const std::string& id = (*host)->backend_id();
+  const std::string& id = host_backend_id(backends, "--n-gpu-layers", "the other layers");
   std::string layers;
   for (int l = n_gpu_layers; l < n_layer; ++l)
     layers += (layers.empty() ? "" : "|") + std::to_string(l);
@@ -53,6 +77,20 @@ std::vector<TensorPin> host_layer_pins(int n_layer, int n_gpu_layers,
   return pins;
 }
 
+std::vector<TensorPin> host_expert_pins(int n_layer, int n_cpu_moe,
+                                        std::span<const std::shared_ptr<Backend>> backends) {
+  TANDEM_CHECK_ARG(n_cpu_moe >= 0, "--n-cpu-moe",
+                   "must be >= 0 (got " + std::to_string(n_cpu_moe) + ")");
+  if (n_cpu_moe == 0 || n_layer <= 0) return {};
+  const std::string& id = host_backend_id(backends, "--n-cpu-moe", "the experts");
+  // llama.cpp's patterns: "\.ffn_(up|down|gate|gate_up)_exps", per layer for --n-cpu-moe.
+  const std::string experts = "\\.ffn_(up|down|gate|gate_up)_exps";
+  if (n_cpu_moe >= n_layer) return {{experts, id}};
+  std::string layers;
+  for (int l = 0; l < n_cpu_moe; ++l) layers += (layers.empty() ? "" : "|") + std::to_string(l);
+  return {{"^blk\\.(" + layers + ")" + experts, id}};
+}
+
 Session::Session(const SessionOptions& options)
     : file_(gguf::File::open(options.model_path)), config_(LlamaConfig::from_gguf(file_)) {
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(file_));
@@ -61,13 +99,14 @@ Session::Session(const SessionOptions& options)
   TANDEM_CHECK_ARG(n_ctx_ >= 1, "session", "context length must be >= 1");
 
   Strategy strategy = Strategy::parse(options.strategy);
-  std::vector<TensorPin> pins = options.pins;
   BackendOptions backend_options;
   backend_options.cpu_threads = options.threads;
   auto backends = options.backends.empty() ? available_backends(backend_options) : options.backends;
   for (const auto& b : backends)
     TANDEM_CHECK_ARG(b != nullptr, "session",
                      "a backend given in SessionOptions::backends is null");
+  std::vector<TensorPin> pins = options.pins;
+  for (TensorPin& pin : pins) pin.backend_id = pin_backend_id(pin.backend_id, backends);
   const GpuSetup gpus = setup_gpus(backends, options, strategy, int(config_.n_layer));
   Capacity capacity;
   for (const auto& t : file_.tensors()) capacity.weights_bytes += double(t.bytes);
@@ -82,6 +121,20 @@ Session::Session(const SessionOptions& options)
   add_gpu_budgets(capacity, backends, gpus, strategy);
   capacity.host_bytes = double(host_available_bytes());
   check_capacity(capacity);
+  if (options.n_cpu_moe) {
+    // After the user's -ot, before the GPU layer ranges and -ngl: the experts of those layers
+    // stay in host memory whatever device holds the rest of the layer.
+    if (config_.is_moe()) {
+      const auto experts = host_expert_pins(int(config_.n_layer), *options.n_cpu_moe, backends);
+      pins.insert(pins.end(), experts.begin(), experts.end());
+    } else {
+      TANDEM_CHECK_ARG(*options.n_cpu_moe >= 0, "--n-cpu-moe",
+                       "must be >= 0 (got " + std::to_string(*options.n_cpu_moe) + ")");
+      if (options.log && *options.n_cpu_moe > 0) {
+        *options.log << "tandem: --n-cpu-moe: the model has no experts; the flag changes nothing\n";
+      }
+    }
+  }
   pins.insert(pins.end(), gpus.pins.begin(), gpus.pins.end());
   if (options.n_gpu_layers) {
     // Where the weights live, as llama.cpp's -ngl; KV caches follow the budget.

@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "tandem/bytes.h"
 #include "tandem/error.h"
@@ -348,9 +349,9 @@ struct Unit {
 };
 
 // The persistent tensors of the phases, grouped: one unit per layer's weights, one per layer's
-// caches, the output layer, the rest.
+// experts (the weights ExpertMatMul reads), one per layer's caches, the output layer, the rest.
 struct Units {
-  std::map<int, Unit> layer_weights, layer_caches;
+  std::map<int, Unit> layer_weights, layer_experts, layer_caches;
   Unit output, rest;
   size_t largest_streamable = 0;  // largest layer weight (the ones a device streams)
   size_t transient = 0;           // largest activation bytes one op reads and writes
@@ -360,6 +361,12 @@ Units collect_units(const PlannerConfig& c, std::span<const Graph* const> phases
   Units u;
   u.output.label = "output";
   u.rest.label = "token embedding";
+  std::set<std::string> experts;
+  for (const Graph* g : phases) {
+    for (const Node& n : g->nodes()) {
+      if (n.op == OpKind::ExpertMatMul) experts.insert(g->tensor(g->storage_of(n.inputs[0])).name);
+    }
+  }
   std::map<std::string, bool> seen;
   for (const Graph* g : phases) {
     for (const Node& n : g->nodes()) {
@@ -388,7 +395,9 @@ Units collect_units(const PlannerConfig& c, std::span<const Graph* const> phases
       const int layer = layer_of(name);
       Unit* unit = &u.rest;
       if (layer >= 0) {
-        auto& m = n.op == OpKind::KvCache ? u.layer_caches : u.layer_weights;
+        auto& m = n.op == OpKind::KvCache ? u.layer_caches
+                  : experts.count(name)   ? u.layer_experts
+                                          : u.layer_weights;
         unit = &m[layer];
         unit->is_layer = true;
         unit->is_cache = n.op == OpKind::KvCache;
@@ -513,8 +522,8 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
     Option all{"everything on " + config.backends[size_t(devices[0])]->backend_id(), pinned,
                std::vector<size_t>(nb, 0)};
     size_t total = 0;
-    for (const auto& m : {u.layer_weights, u.layer_caches}) {
-      for (const auto& [l, unit] : m) {
+    for (const auto* m : {&u.layer_weights, &u.layer_experts, &u.layer_caches}) {
+      for (const auto& [l, unit] : *m) {
         total += unit.bytes;
         for (const auto& name : unit.names) all.homes[name] = devices[0];
       }
@@ -533,70 +542,90 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
     plan.reserve_bytes[size_t(d)] =
         size_t(kStreamAheadWeights + 1) * u.largest_streamable + u.transient;
   }
-  std::vector<int> layer_ids;
-  for (const auto& [l, unit] : u.layer_weights) layer_ids.push_back(l);
-  for (const auto& [l, unit] : u.layer_caches) {
-    if (!u.layer_weights.count(l)) layer_ids.push_back(l);
+  std::set<int> layer_set;
+  for (const auto* m : {&u.layer_weights, &u.layer_experts, &u.layer_caches}) {
+    for (const auto& [l, unit] : *m) layer_set.insert(l);
   }
-  std::sort(layer_ids.begin(), layer_ids.end());
-  for (int kv_first = 0; kv_first < (devices.size() == 1 ? 2 : 1); ++kv_first) {
-    for (int descending = 0; descending < (devices.empty() ? 0 : 2); ++descending) {
-      for (int out_first = 0; out_first < 2; ++out_first) {
-        Option o{"", pinned, std::vector<size_t>(nb, 0)};
-        std::vector<size_t> cap(nb, 0);
-        for (int d : devices) cap[size_t(d)] = capacity(d, reserve);
-        size_t dev = 0;
-        std::vector<int> placed;
-        bool kv_placed = false, out_placed = false;
-        auto place_any = [&](const std::vector<const Unit*>& parts) {
-          size_t bytes = 0;
-          for (const Unit* p : parts) bytes += p->bytes;
-          for (int d : devices) {
-            if (bytes > cap[size_t(d)]) continue;
+  const std::vector<int> layer_ids(layer_set.begin(), layer_set.end());
+  // A MoE layer's experts are most of its bytes and a token reads top_k of n_expert of them:
+  // besides whole layers, the candidates place every layer's dense part first and then the
+  // experts that still fit (llama.cpp users' --n-cpu-moe), the others read in host memory.
+  const int expert_variants = u.layer_experts.empty() ? 1 : 2;
+  for (int experts_apart = 0; experts_apart < expert_variants; ++experts_apart) {
+    for (int kv_first = 0; kv_first < (devices.size() == 1 ? 2 : 1); ++kv_first) {
+      for (int descending = 0; descending < (devices.empty() ? 0 : 2); ++descending) {
+        for (int out_first = 0; out_first < 2; ++out_first) {
+          Option o{"", pinned, std::vector<size_t>(nb, 0)};
+          std::vector<size_t> cap(nb, 0);
+          for (int d : devices) cap[size_t(d)] = capacity(d, reserve);
+          size_t dev = 0;
+          std::vector<int> placed;
+          bool kv_placed = false, out_placed = false;
+          auto place_any = [&](const std::vector<const Unit*>& parts) {
+            size_t bytes = 0;
+            for (const Unit* p : parts) bytes += p->bytes;
+            for (int d : devices) {
+              if (bytes > cap[size_t(d)]) continue;
+              for (const Unit* p : parts) {
+                for (const auto& name : p->names) o.homes[name] = d;
+              }
+              cap[size_t(d)] -= bytes;
+              o.bytes[size_t(d)] += bytes;
+              return true;
+            }
+            return false;
+          };
+          if (kv_first) {
+            std::vector<const Unit*> caches;
+            for (const auto& [l, unit] : u.layer_caches) caches.push_back(&unit);
+            kv_placed = place_any(caches);
+          }
+          if (out_first) out_placed = place_any({&u.output});
+          std::vector<int> order = layer_ids;
+          if (descending) std::reverse(order.begin(), order.end());
+          for (int l : order) {
+            std::vector<const Unit*> parts;
+            if (auto it = u.layer_weights.find(l); it != u.layer_weights.end())
+              parts.push_back(&it->second);
+            if (auto it = u.layer_experts.find(l); !experts_apart && it != u.layer_experts.end())
+              parts.push_back(&it->second);
+            if (!kv_first) {
+              if (auto it = u.layer_caches.find(l); it != u.layer_caches.end())
+                parts.push_back(&it->second);
+            }
+            size_t bytes = 0;
+            for (const Unit* p : parts) bytes += p->bytes;
+            // Contiguous ranges: fill one device, then the next; stop at the first layer that
+            // fits none.
+            while (dev < devices.size() && bytes > cap[size_t(devices[dev])]) ++dev;
+            if (dev == devices.size()) break;
+            const int d = devices[dev];
             for (const Unit* p : parts) {
               for (const auto& name : p->names) o.homes[name] = d;
             }
             cap[size_t(d)] -= bytes;
             o.bytes[size_t(d)] += bytes;
-            return true;
+            placed.push_back(l);
           }
-          return false;
-        };
-        if (kv_first) {
-          std::vector<const Unit*> caches;
-          for (const auto& [l, unit] : u.layer_caches) caches.push_back(&unit);
-          kv_placed = place_any(caches);
+          if (!out_first) out_placed = place_any({&u.output});
+          std::vector<int> experts_placed;
+          if (experts_apart) {
+            for (int l : order) {
+              auto it = u.layer_experts.find(l);
+              if (it == u.layer_experts.end()) continue;
+              if (std::find(placed.begin(), placed.end(), l) == placed.end()) continue;
+              if (place_any({&it->second})) experts_placed.push_back(l);
+            }
+            std::sort(experts_placed.begin(), experts_placed.end());
+          }
+          std::sort(placed.begin(), placed.end());
+          o.name = range_label(placed) + (experts_apart ? " without experts" : "") +
+                   (out_placed ? ", output" : "") +
+                   (kv_first ? (kv_placed ? ", all KV" : ", KV on host") : ", KV with layers");
+          if (experts_apart && !experts_placed.empty())
+            o.name += ", experts of " + range_label(experts_placed);
+          add_option(std::move(o));
         }
-        if (out_first) out_placed = place_any({&u.output});
-        std::vector<int> order = layer_ids;
-        if (descending) std::reverse(order.begin(), order.end());
-        for (int l : order) {
-          std::vector<const Unit*> parts;
-          if (auto it = u.layer_weights.find(l); it != u.layer_weights.end())
-            parts.push_back(&it->second);
-          if (!kv_first) {
-            if (auto it = u.layer_caches.find(l); it != u.layer_caches.end())
-              parts.push_back(&it->second);
-          }
-          size_t bytes = 0;
-          for (const Unit* p : parts) bytes += p->bytes;
-          // Contiguous ranges: fill one device, then the next; stop at the first layer that
-          // fits none.
-          while (dev < devices.size() && bytes > cap[size_t(devices[dev])]) ++dev;
-          if (dev == devices.size()) break;
-          const int d = devices[dev];
-          for (const Unit* p : parts) {
-            for (const auto& name : p->names) o.homes[name] = d;
-          }
-          cap[size_t(d)] -= bytes;
-          o.bytes[size_t(d)] += bytes;
-          placed.push_back(l);
-        }
-        if (!out_first) out_placed = place_any({&u.output});
-        std::sort(placed.begin(), placed.end());
-        o.name = range_label(placed) + (out_placed ? ", output" : "") +
-                 (kv_first ? (kv_placed ? ", all KV" : ", KV on host") : ", KV with layers");
-        add_option(std::move(o));
       }
     }
   }

@@ -14,6 +14,7 @@
 
 #include "bench_report.h"
 #include "cli_harness.h"
+#include "tandem/runtime.h"
 
 namespace {
 
@@ -81,15 +82,27 @@ TEST(Bench, ReportGivesSamplesMeanAndSampleStddev) {
   EXPECT_EQ(j[0]["avg_ns"].get<int64_t>(), 583333333);
   EXPECT_EQ(j[0]["repetitions"], 3);
   EXPECT_TRUE(j[0]["n_gpu_layers"].is_null());
+  EXPECT_TRUE(j[0]["n_cpu_moe"].is_null());
 
   std::string md = format_bench_results({r}, "md");
   EXPECT_NE(md.find("23.33 ± 15.28"), std::string::npos) << md;
   EXPECT_EQ(md.find("ngl"), std::string::npos) << "no -ngl column without -ngl";
+  EXPECT_EQ(md.find("n_cpu_moe"), std::string::npos) << "no -ncmoe column without -ncmoe";
+  // --n-cpu-moe values, --cpu-moe written as "all".
+  BenchResult moe = r, all = r;
+  moe.n_cpu_moe = 8;
+  all.n_cpu_moe = tandem::kAllLayers;
+  j = nlohmann::json::parse(format_bench_results({moe, all}, "json"));
+  EXPECT_EQ(j[0]["n_cpu_moe"], 8);
+  EXPECT_EQ(j[1]["n_cpu_moe"], "all");
+  md = format_bench_results({moe, all}, "md");
+  EXPECT_NE(md.find("| n_cpu_moe |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| all "), std::string::npos) << md;
 
   std::istringstream csv(format_bench_results({r, r}, "csv"));
   std::string header, row;
   std::getline(csv, header);
-  EXPECT_EQ(header.rfind("model,strategy,n_gpu_layers,test,", 0), 0u) << header;
+  EXPECT_EQ(header.rfind("model,strategy,n_gpu_layers,n_cpu_moe,test,", 0), 0u) << header;
   int rows = 0;
   while (std::getline(csv, row)) ++rows;
   EXPECT_EQ(rows, 2);

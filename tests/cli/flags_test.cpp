@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli_harness.h"
@@ -131,6 +132,42 @@ TEST(Flags, NglIsOneValueInRunAndAListInBench) {
   EXPECT_EQ(r.code, 0) << r.err;
   expect_refused("run -m " + m + " -p hi -ngl 1,2", "--n-gpu-layers");
   expect_refused("run -m " + m + " -p hi -ngl -3", "--n-gpu-layers");
+}
+
+// llama.cpp's --n-cpu-moe / -ncmoe and --cpu-moe / -cmoe: pins of the first layers' expert
+// tensors to the host (the reasons name them), one value in run and a list in bench, bad values
+// refused by name, a documented no-op on a model without experts; plan shows the experts.
+TEST(Flags, NCpuMoePinsTheFirstLayersExperts) {
+  const std::string moe =
+      (tandem::test::process_temp_dir("tandem_cli_test_") / "tiny_moe_f32.gguf").string();
+  Result r = tandem("synth --preset tiny-moe --type f32 -o " + moe);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = tandem("plan -m " + moe + " --strategy cpu -p 4 --ops -ncmoe 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("on weight 'blk.0.ffn_down_exps.weight' -> cpu"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("on weight 'blk.1.ffn_down_exps.weight'"), std::string::npos) << r.out;
+  r = tandem("plan -m " + moe + " --strategy cpu -p 4 --ops -cmoe");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("on weight 'blk.1.ffn_down_exps.weight' -> cpu"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("experts: 4 per layer, 2 read per token"), std::string::npos) << r.out;
+  r = tandem("run -m " + moe + " -p hi -n 2 --strategy cpu --n-cpu-moe 1");
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = tandem("bench -m " + moe + " -p 4 -n 0 -r 1 --strategy cpu -ncmoe 0,2 -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out);
+  ASSERT_EQ(rows.size(), 2u) << r.out;
+  EXPECT_EQ(rows[0]["n_cpu_moe"], 0);
+  EXPECT_EQ(rows[1]["n_cpu_moe"], 2);
+  expect_refused("run -m " + moe + " -p hi --n-cpu-moe -1", "--n-cpu-moe");
+  expect_refused("bench -m " + moe + " -p 4 -n 0 -ncmoe 1,-1", "--n-cpu-moe");
+  expect_refused("run -m " + moe + " -p hi -ncmoe 1,2", "--n-cpu-moe");
+  expect_refused("run -m " + moe + " -p hi -cmoe -ncmoe 1", "--cpu-moe");
+  // A dense model: nothing to pin, as in llama.cpp, and a note says so.
+  r = tandem("run -m " + tiny_model() + " -p hi -n 1 --strategy cpu -ncmoe 2");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("--n-cpu-moe: the model has no experts"), std::string::npos) << r.err;
 }
 
 TEST(Flags, StrictWithoutAGpuSaysWhatToDoAndPrintsNothing) {

@@ -55,6 +55,9 @@ TEST(LlamaFlags, OneDashSpellingsBecomeTandemsAndValuesStayAsTyped) {
                                           "-n",
                                           "-1"};
   EXPECT_EQ(args, expected) << "a prompt or an override pattern is free text, never a flag";
+  std::vector<std::string> moe{"bench", "-ncmoe", "0,8", "-cmoe"};
+  EXPECT_EQ(translate_llama_flags(moe), "");
+  EXPECT_EQ(moe, (std::vector<std::string>{"bench", "--n-cpu-moe", "0,8", "--cpu-moe"}));
   std::vector<std::string> serve{"serve", "-np", "8", "-c", "4096"};
   EXPECT_EQ(translate_llama_flags(serve), "");
   EXPECT_EQ(serve, (std::vector<std::string>{"serve", "--parallel", "8", "-c", "4096"}));

@@ -1,25 +1,31 @@
 // Mixture-of-experts models end to end: the tiny Mixtral-layout (llama) and Qwen3-MoE synthetic
 // models through the scheduler and executor must give the reference backend's logits on the
 // CPU backend, in float and quantized weight types, with their MoE ops split across backends,
-// in decode after prefill and in a batched decode step.
+// in decode after prefill and in a batched decode step. Placement: --n-cpu-moe and -ot keep
+// experts in host memory beside a (fake) GPU with the logits of one backend, and the automatic
+// placement under a budget that holds the dense part but not the experts keeps the experts there.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <numeric>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "../temp_dir.h"
 #include "tandem/executor.h"
+#include "tandem/layer_split.h"
 #include "tandem/model/llama_graph.h"
 #include "tandem/model/synthetic.h"
 #include "tandem/registry.h"
 #include "tandem/runtime.h"
 #include "tandem/scheduler.h"
+#include "test_backends.h"
 
 namespace tandem {
 namespace {
@@ -305,6 +311,295 @@ TEST(MoeDecode, BatchedDecodeEqualsOneSequenceAtATime) {
       EXPECT_LE(nmse(one, row), 1e-6) << preset << " sequence " << seq;
     }
   }
+}
+
+// ---- Placement of experts beside a GPU (fake: reference kernels, its own memory) ----
+
+// A host backend and a "GPU" whose memory the executor cannot touch, the host named "host" so
+// that nothing can pass by spelling "cpu".
+std::vector<std::shared_ptr<Backend>> host_and_fake_gpu() {
+  return {test::make_cpu("host"), test::make_gpu("gpu")};
+}
+
+SessionOptions fake_gpu_options(const std::string& path, const std::string& strategy) {
+  SessionOptions o = options(path, strategy);
+  o.backends = host_and_fake_gpu();
+  o.no_calibrate = true;
+  return o;
+}
+
+bool is_expert(const std::string& name) {
+  return name.find("_exps") != std::string::npos;
+}
+
+// Per layer, where the last step ran that layer's ExpertMatMul ops: the backend, and
+// " streamed" where a GPU ran one with its weight streamed in from host memory.
+std::map<int, std::set<std::string>> expert_backends(const Session& s) {
+  std::map<int, std::set<std::string>> out;
+  const Graph& g = *s.last_graph();
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::ExpertMatMul) continue;
+    const std::string& w = g.tensor(g.storage_of(n.inputs[0])).name;
+    const BackendSelection& sel = s.last_placement()->at(n.id);
+    out[layer_of(w)].insert(sel.backend->backend_id() + (sel.streamed.empty() ? "" : " streamed"));
+  }
+  return out;
+}
+
+// Prefill all but the last token, then decode it: both compared with the reference's logits of
+// the whole prompt (rows of a causal model do not depend on later tokens).
+void expect_reference_logits(Session& s, const std::string& path, const std::string& what) {
+  const auto tokens = random_tokens(7);
+  const auto ref = all_logits(path, "only:reference", tokens);
+  const size_t V = 512;
+  const auto pre = s.eval(std::span<const int32_t>(tokens.data(), tokens.size() - 1), true);
+  EXPECT_LE(nmse(std::span<const float>(ref.data(), pre.size()), pre), 1e-6) << what;
+  const auto dec = s.eval(std::span<const int32_t>(&tokens.back(), 1));
+  EXPECT_LE(nmse(std::span<const float>(ref.data() + ref.size() - V, V), dec), 1e-6) << what;
+}
+
+// Where the expert tensors of each layer are resident after the steps: true if on "gpu".
+std::map<int, bool> experts_on_gpu(const Session& s) {
+  std::map<int, bool> out;
+  for (const auto& t : s.file().tensors()) {
+    if (!is_expert(t.name)) continue;
+    const auto locs = s.executor().residency().locations(t.name);
+    out[layer_of(t.name)] = std::find(locs.begin(), locs.end(), "gpu") != locs.end();
+  }
+  return out;
+}
+
+// Experts pinned to the host stay in host memory: their products run there or on the GPU with
+// the weight streamed in (the tiny experts cost less to stream than two activation copies);
+// the experts not pinned are resident on the GPU and run there.
+void expect_pinned_experts(const Session& s, const std::set<int>& pinned, const std::string& what) {
+  for (const auto& [layer, on_gpu] : experts_on_gpu(s))
+    EXPECT_EQ(on_gpu, !pinned.count(layer)) << what << ": layer " << layer;
+  for (const auto& [layer, where] : expert_backends(s)) {
+    if (!pinned.count(layer)) {
+      EXPECT_EQ(where, std::set<std::string>{"gpu"}) << what << ": layer " << layer;
+      continue;
+    }
+    for (const auto& w : where)
+      EXPECT_TRUE(w == "host" || w == "gpu streamed") << what << ": layer " << layer << " " << w;
+  }
+}
+
+// --n-cpu-moe 1 under the GPU strategy: layer 0's expert tensors stay in host memory, layer 1's
+// and every other layer weight go to the GPU; the logits are the single backend's.
+TEST(MoePlacement, NCpuMoeKeepsTheFirstLayersExpertsOnTheHost) {
+  for (std::string preset : {"tiny-moe", "tiny-qwen3moe"}) {
+    const std::string path = model_path(preset, DType::F32);
+    SessionOptions o = fake_gpu_options(path, "gpu");
+    o.n_cpu_moe = 1;
+    Session s(o);
+    expect_reference_logits(s, path, preset);
+    expect_pinned_experts(s, {0}, preset);
+    for (const auto& t : s.file().tensors()) {
+      if (layer_of(t.name) < 0 || is_expert(t.name)) continue;
+      const auto locs = s.executor().residency().locations(t.name);
+      EXPECT_NE(std::find(locs.begin(), locs.end(), "gpu"), locs.end()) << preset << " " << t.name;
+    }
+  }
+}
+
+// llama.cpp's spellings of the same through -ot: every expert ("exps=CPU", the buffer name in
+// capitals) or the experts of the layers a pattern names. The host is found by kind.
+TEST(MoePlacement, OverrideTensorKeepsMatchedExpertsOnTheHost) {
+  struct Case {
+    std::string pattern;
+    std::set<int> pinned;
+  };
+  const std::vector<Case> cases{
+      {"exps=CPU", {0, 1}},
+      {"blk\\.[1-9]\\.ffn_.*_exps=CPU", {1}},
+  };
+  for (const Case& c : cases) {
+    const std::string path = model_path("tiny-qwen3moe", DType::F32);
+    SessionOptions o = fake_gpu_options(path, "gpu");
+    const size_t eq = c.pattern.rfind('=');
+    o.pins = {{c.pattern.substr(0, eq), c.pattern.substr(eq + 1)}};
+    Session s(o);
+    expect_reference_logits(s, path, c.pattern);
+    expect_pinned_experts(s, c.pinned, c.pattern);
+  }
+}
+
+// Two GPUs split the layers in ranges (blk.0 on gpu0, blk.1 on gpu1); --n-cpu-moe's pins come
+// first, so layer 0's experts stay on the host while the rest of layer 0 goes to gpu0.
+TEST(MoePlacement, NCpuMoeWinsOverTheGpuLayerRanges) {
+  const std::string path = model_path("tiny-moe", DType::F32);
+  SessionOptions o = options(path, "gpu");
+  o.backends = {test::make_cpu("host"), test::make_gpu("gpu0"), test::make_gpu("gpu1")};
+  o.no_calibrate = true;
+  o.n_cpu_moe = 1;
+  Session s(o);
+  expect_reference_logits(s, path, "two gpus");
+  const Residency& r = s.executor().residency();
+  for (const auto& t : s.file().tensors()) {
+    const int layer = layer_of(t.name);
+    if (layer < 0) continue;
+    const auto locs = r.locations(t.name);
+    const std::string want = layer == 0 && is_expert(t.name) ? "" : layer == 0 ? "gpu0" : "gpu1";
+    EXPECT_EQ(locs.empty() ? "" : locs.front(), want) << t.name;
+  }
+}
+
+TEST(MoePlacement, NCpuMoeBadValuesAndDenseModels) {
+  const std::string moe = model_path("tiny-moe", DType::F32);
+  SessionOptions o = fake_gpu_options(moe, "gpu");
+  o.n_cpu_moe = -1;
+  try {
+    Session s(o);
+    ADD_FAILURE() << "--n-cpu-moe -1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--n-cpu-moe"), std::string::npos) << e.what();
+  }
+  // A model without experts: nothing to keep on the host, as in llama.cpp; it says so.
+  const auto& dir = test::process_temp_dir("tandem_moe_test_");
+  const std::string dense = (dir / "tiny_dense.gguf").string();
+  SyntheticSpec spec = synthetic_preset("tiny", DType::F32, 5);
+  spec.threads = 1;
+  write_synthetic_model(spec, dense);
+  std::ostringstream log;
+  SessionOptions d = fake_gpu_options(dense, "gpu");
+  d.n_cpu_moe = kAllLayers;
+  d.log = &log;
+  Session s(d);
+  EXPECT_NE(log.str().find("--n-cpu-moe: the model has no experts"), std::string::npos)
+      << log.str();
+  const auto tokens = random_tokens(3);
+  s.eval(tokens);
+  for (const auto& t : s.file().tensors()) {
+    if (layer_of(t.name) < 0) continue;
+    const auto locs = s.executor().residency().locations(t.name);
+    EXPECT_NE(std::find(locs.begin(), locs.end(), "gpu"), locs.end()) << t.name;
+  }
+}
+
+// A MoE model whose experts are most of its bytes (Qwen3-30B-A3B's ratio: 128 experts, 8 per
+// token) and devices where the dense part belongs on the GPU: a slow host (100 GFLOP/s,
+// 10 GB/s) and a fast GPU behind a 20 GB/s link. Each expert tensor (1.1 MB) takes ~55 us to
+// stream, longer than a decode step's GPU work; a token reads 8/128 of it.
+struct ExpertHeavy {
+  std::string path;
+  gguf::File file;
+  LlamaConfig config;
+  std::shared_ptr<Backend> host = test::make_cpu("host"), gpu = test::make_gpu("gpu");
+
+  ExpertHeavy()
+      : path(write()), file(gguf::File::open(path)), config(LlamaConfig::from_gguf(file)) {}
+  static std::string write() {
+    const auto& dir = test::process_temp_dir("tandem_moe_test_");
+    const std::string p = (dir / "expert_heavy.gguf").string();
+    if (std::filesystem::exists(p)) return p;
+    SyntheticSpec spec = synthetic_preset("tiny-moe", DType::Q8_0, 5);
+    spec.n_embd = 128;
+    spec.n_expert = 128;
+    spec.n_expert_used = 8;
+    spec.threads = 1;
+    write_synthetic_model(spec, p);
+    return p;
+  }
+  CostModel costs() const {
+    auto profile = [](double gflops, double bandwidth, double launch, LinkProfile link) {
+      BackendProfile b;
+      b.peak_gflops.fill(gflops);
+      b.memory_bandwidth_gbs = bandwidth;
+      b.launch_us = launch;
+      b.link = link;
+      return b;
+    };
+    CostModel m;
+    m.set_profile("host", profile(100.0, 10.0, 1.0, {}));
+    m.set_profile("gpu", profile(1e5, 1000.0, 1.0, {20.0, 5.0}));
+    return m;
+  }
+  Graph graph(int64_t n_tokens) const {
+    LlamaGraphOptions o;
+    o.n_tokens = n_tokens;
+    o.n_ctx = 64;
+    o.kv_dtype = DType::F32;
+    return build_llama_graph(config, file, o).graph;
+  }
+};
+
+// Auto under a GPU budget that holds every layer's dense part (attention, norms, router), the
+// output layer and the KV caches but no layer's experts: the experts stay in host memory and
+// decode multiplies by them there; the dense part goes to the GPU, as llama.cpp users place a
+// MoE model by hand (-ot exps=CPU). Whole layer ranges would leave a layer's attention on the
+// host or take experts in place of dense weights.
+TEST(MoePlacement, AutoUnderABudgetKeepsExpertsOnTheHost) {
+  ExpertHeavy m;
+  Graph prefill = m.graph(64), decode = m.graph(1);
+  size_t dense = 0, experts_per_layer = 0;
+  for (const Node& n : decode.nodes()) {
+    if (n.op != OpKind::Weight && n.op != OpKind::KvCache) continue;
+    const TensorDesc& t = decode.tensor(n.id);
+    if (is_expert(t.name)) {
+      if (layer_of(t.name) == 0) experts_per_layer += t.bytes();
+    } else if (t.name != "token_embd.weight") {
+      dense += t.bytes();
+    }
+  }
+  ASSERT_GT(experts_per_layer, 4 * dense / size_t(m.config.n_layer)) << "experts dominate";
+  auto sched = HybridScheduler::builder()
+                   .with_backend(m.host)
+                   .with_backend(m.gpu)
+                   .strategy(Strategy::automatic())
+                   .cost_model(m.costs())
+                   .memory_budget("gpu", dense + experts_per_layer / 2)
+                   .build();
+  const Graph* phases[] = {&prefill, &decode};
+  const ResidencyPlan& rp = sched.plan_residency(phases);
+  std::printf("[ measured ] %s\n", rp.why.c_str());
+  for (const auto& t : m.file.tensors()) {
+    if (t.name == "token_embd.weight") continue;
+    const bool on_gpu = rp.home.count(t.name) && rp.home.at(t.name) == "gpu";
+    EXPECT_EQ(on_gpu, !is_expert(t.name)) << t.name << "\n" << rp.why;
+  }
+  // Decode reads the experts in host memory: the host multiplies by them, except where the
+  // copy queue, idle otherwise, lands a tensor before the GPU needs it (the step's last ones).
+  const auto placement = sched.plan(decode);
+  std::multiset<std::string> experts;
+  for (const Node& n : decode.nodes()) {
+    const BackendSelection& sel = placement->at(n.id);
+    const std::string where = sel.backend ? sel.backend->backend_id() : "";
+    if (n.op == OpKind::ExpertMatMul) {
+      experts.insert(where + (sel.streamed.empty() ? "" : " streamed"));
+    } else if (n.op == OpKind::Attention) {
+      EXPECT_EQ(where, "gpu") << sel.reason.to_string();
+    }
+  }
+  EXPECT_EQ(experts.count("host") + experts.count("gpu streamed"), experts.size());
+  EXPECT_GT(experts.count("host"), experts.size() / 2);
+}
+
+// --n-cpu-moe's pins on the same devices, under the GPU strategy: decode multiplies layer 0's
+// tokens by its experts on the host (reading 8 of 128 experts beats streaming all 128, except
+// what the idle copy queue lands in time), never by a resident copy; layer 1's experts are
+// resident on the GPU.
+TEST(MoePlacement, NCpuMoeExpertsRunOnTheHostInDecode) {
+  ExpertHeavy m;
+  Graph decode = m.graph(1);
+  auto builder = HybridScheduler::builder();
+  builder.with_backend(m.host).with_backend(m.gpu).cost_model(m.costs());
+  const std::vector<std::shared_ptr<Backend>> backends{m.gpu, m.host};
+  for (const TensorPin& p : host_expert_pins(int(m.config.n_layer), 1, backends))
+    builder.pin_tensor(p.pattern, p.backend_id);
+  auto sched = builder.build();
+  const auto placement = sched.plan(decode);
+  std::map<int, std::set<std::string>> where;
+  for (const Node& n : decode.nodes()) {
+    if (n.op != OpKind::ExpertMatMul) continue;
+    const BackendSelection& sel = placement->at(n.id);
+    where[layer_of(decode.tensor(decode.storage_of(n.inputs[0])).name)].insert(
+        sel.backend->backend_id() + (sel.streamed.empty() ? "" : " streamed"));
+  }
+  EXPECT_EQ(where[1], std::set<std::string>{"gpu"});
+  EXPECT_TRUE(where[0].count("host"));
+  where[0].erase("gpu streamed");  // the copy queue may land the last one in time
+  EXPECT_EQ(where[0], std::set<std::string>{"host"});
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <span>
 #include <string>
 #include <vector>
@@ -228,6 +229,47 @@ TEST(HostLayerPins, PinToTheFirstHostBackendByKind) {
   EXPECT_THROW(host_layer_pins(4, -1, backends), Error);
   backends.pop_back();
   EXPECT_THROW(host_layer_pins(4, 2, backends), Error);
+}
+
+// --n-cpu-moe N: the expert tensors of layers < N, and nothing else, pinned to the first host
+// backend by kind; --cpu-moe (kAllLayers) every layer's.
+TEST(HostExpertPins, PinTheFirstLayersExpertsToTheHostBackend) {
+  auto backend = [](std::string id, BackendKind kind) {
+    test::TestBackend::Config c;
+    c.id = std::move(id);
+    c.kind = kind;
+    c.host_accessible = kind == BackendKind::Cpu;
+    return std::shared_ptr<Backend>(std::make_shared<test::TestBackend>(std::move(c)));
+  };
+  std::vector<std::shared_ptr<Backend>> backends{backend("gpu:0", BackendKind::Gpu),
+                                                 backend("host-x", BackendKind::Cpu)};
+  auto pinned = [](const std::vector<TensorPin>& pins, const std::string& name) {
+    for (const TensorPin& p : pins) {
+      if (std::regex_search(name, std::regex(p.pattern))) return p.backend_id;
+    }
+    return std::string();
+  };
+  const auto pins = host_expert_pins(12, 11, backends);
+  for (int l = 0; l < 12; ++l) {
+    for (const char* t : {"gate", "up", "down", "gate_up"}) {
+      const std::string name = "blk." + std::to_string(l) + ".ffn_" + t + "_exps.weight";
+      EXPECT_EQ(pinned(pins, name), l < 11 ? "host-x" : "") << name;
+    }
+  }
+  for (const char* other : {"blk.1.ffn_gate_inp.weight", "blk.1.attn_q.weight",
+                            "blk.1.ffn_up.weight", "blk.1.ffn_norm.weight", "token_embd.weight"}) {
+    EXPECT_EQ(pinned(pins, other), "") << other;
+  }
+  // Every layer: N at or above n_layer, or --cpu-moe.
+  for (int n : {12, 40, kAllLayers}) {
+    const auto all = host_expert_pins(12, n, backends);
+    EXPECT_EQ(pinned(all, "blk.11.ffn_down_exps.weight"), "host-x") << n;
+    EXPECT_EQ(pinned(all, "blk.11.ffn_down.weight"), "") << n;
+  }
+  EXPECT_TRUE(host_expert_pins(12, 0, backends).empty());
+  EXPECT_THROW(host_expert_pins(12, -1, backends), Error);
+  backends.pop_back();
+  EXPECT_THROW(host_expert_pins(12, 2, backends), Error);  // no host backend
 }
 
 }  // namespace
