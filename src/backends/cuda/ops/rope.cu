@@ -101,9 +101,8 @@ bool contiguous_f32(const TensorRef& t) {
 size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecution> segment) {
   // Up to two Rope nodes (Q, K), then up to two KvWrite nodes (K, V), all at the same positions;
   // a KvWrite of a Rope's output writes the rotated values it computes itself.
+  if (segment.empty()) return 0;
   RopeKvParts parts;
-  const NodeExecution* first = segment.empty() ? nullptr : &segment[0];
-  if (!first) return 0;
   const TensorRef* positions = nullptr;
   auto same_positions = [&](const TensorRef& p) {
     if (p.desc->dtype != DType::I32 || !p.desc->is_contiguous()) return false;
