@@ -137,7 +137,7 @@ struct ExecPlan {
 struct HybridExecutor::Impl {
   std::vector<std::shared_ptr<Backend>> backends;
   std::vector<ExecutionEvent> run_events;  // a run's events before the telemetry takes them
-  std::vector<int> group;  // per backend: 0 host memory, 1.. devices
+  std::vector<int> group;                  // per backend: 0 host memory, 1.. devices
   int n_groups = 1;
   std::vector<int> group_backend;  // the backend that allocates a group's arena (-1: none)
   std::vector<BackendProfile> profiles;

@@ -332,8 +332,8 @@ TEST(CudaOps, FusedExpertGateUpSwiGlu) {
                    what);
       const auto after = backend->graph_stats();
       EXPECT_EQ(after.fused_nodes - before.fused_nodes, 3) << what;
-      expect_close(compare_with_reference(g, *backend, {{ids, ints_bytes(chosen)}}, false),
-                   kMatmul, what);
+      expect_close(compare_with_reference(g, *backend, {{ids, ints_bytes(chosen)}}, false), kMatmul,
+                   what);
     }
   }
 }
