@@ -30,11 +30,12 @@ PlacementFile placement_from_json(const std::string& text, const std::string& pa
   };
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return bad("not JSON");
-  if (!j.is_object() || j.value("format", "") != kFormat)
+  // Fields of the wrong type are refused here too (json::value would throw its own exception).
+  if (!j.is_object() || !j.contains("format") || j["format"] != kFormat)
     return bad(
         "not a saved placement (no \"format\": \"tandem-placement\"; tandem tune --save writes "
         "one)");
-  if (j.value("version", 0) != kVersion)
+  if (!j.contains("version") || j["version"] != kVersion)
     return bad("version " + j.value("version", nlohmann::json(0)).dump() + " (this build reads " +
                std::to_string(kVersion) + ")");
   PlacementFile p;

@@ -269,6 +269,14 @@ TEST(Cli, TuneSavesTheBestPlacementAndRunReadsIt) {
   std::ofstream(junk) << R"({"format": "something-else"})";
   c = tandem("run -m " + m + " -p hi --placement " + junk.string());
   EXPECT_NE(c.err.find("not a saved placement"), std::string::npos) << c.err;
+  // Fields of the wrong type are refused the same way (the reader once let JSON's own type
+  // errors escape).
+  std::ofstream(junk) << R"({"format": 7})";
+  c = tandem("run -m " + m + " -p hi --placement " + junk.string());
+  EXPECT_NE(c.err.find("not a saved placement"), std::string::npos) << c.err;
+  std::ofstream(junk) << R"({"format": "tandem-placement", "version": "1"})";
+  c = tandem("run -m " + m + " -p hi --placement " + junk.string());
+  EXPECT_NE(c.err.find("version \"1\""), std::string::npos) << c.err;
   doc["model"] = "other.gguf";
   std::ofstream(junk) << doc.dump();
   c = tandem("run -m " + m + " -p hi --placement " + junk.string());
