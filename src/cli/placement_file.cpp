@@ -42,10 +42,15 @@ PlacementFile placement_from_json(const std::string& text, const std::string& pa
   try {
     p.label = j.at("label").get<std::string>();
     p.model = j.at("model").get<std::string>();
+    // Whole numbers only: a float converted to an integer out of its range is undefined.
+    if (!j.at("n_layer").is_number_integer()) return bad("bad field: n_layer is not an integer");
     p.n_layer = j.at("n_layer").get<int64_t>();
     p.strategy = j.at("strategy").get<std::string>();
     Strategy::parse(p.strategy);
-    if (!j.at("gpu_mem").is_null()) p.gpu_memory = j.at("gpu_mem").get<uint64_t>();
+    if (const auto& mem = j.at("gpu_mem"); !mem.is_null()) {
+      if (!mem.is_number_unsigned()) return bad("bad field: gpu_mem is not a byte count");
+      p.gpu_memory = mem.get<uint64_t>();
+    }
     for (const auto& pin : j.at("pins")) {
       p.pins.push_back(
           {pin.at("pattern").get<std::string>(), pin.at("backend").get<std::string>()});

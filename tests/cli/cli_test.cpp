@@ -277,6 +277,18 @@ TEST(Cli, TuneSavesTheBestPlacementAndRunReadsIt) {
   std::ofstream(junk) << R"({"format": "tandem-placement", "version": "1"})";
   c = tandem("run -m " + m + " -p hi --placement " + junk.string());
   EXPECT_NE(c.err.find("version \"1\""), std::string::npos) << c.err;
+  // Numbers that are not whole (a float beyond every integer's range once made the conversion
+  // undefined) are refused by name.
+  nlohmann::json bad = doc;
+  bad["gpu_mem"] = 1.6e68;
+  std::ofstream(junk) << bad.dump();
+  c = tandem("run -m " + m + " -p hi --placement " + junk.string());
+  EXPECT_NE(c.err.find("gpu_mem is not a byte count"), std::string::npos) << c.err;
+  bad = doc;
+  bad["n_layer"] = 1.5;
+  std::ofstream(junk) << bad.dump();
+  c = tandem("run -m " + m + " -p hi --placement " + junk.string());
+  EXPECT_NE(c.err.find("n_layer is not an integer"), std::string::npos) << c.err;
   doc["model"] = "other.gguf";
   std::ofstream(junk) << doc.dump();
   c = tandem("run -m " + m + " -p hi --placement " + junk.string());
