@@ -1,12 +1,14 @@
-// What the two files of the quantized matrix-vector product share: quantized_matmul.cu picks the
-// path (f32 for tiny products, the staged kernel, the generic kernel, the GEMM) and
-// staged_matvec.cu holds the staged kernel.
+// What the files of the quantized matrix-vector product share: quantized_matmul.cu picks the
+// path (f32 for tiny products, the staged kernel, the generic kernel, the GEMM),
+// staged_matvec.cu holds the staged kernel and expert_matmul.cu the MoE expert products; the
+// int8 row loops below serve the generic and the expert kernels.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <type_traits>
 
+#include "common.cuh"
 #include "ops.h"
 
 namespace tandem::cuda {
@@ -22,6 +24,24 @@ decltype(auto) with_columns(int64_t n, Fn&& fn) {
     if (n > kN) return with_columns<kN + 1>(n, fn);
   }
   return fn(std::integral_constant<int, kN>{});
+}
+
+// fn(std::integral_constant<DType, d>) for the quantized weight dtype d (Q4_0, Q8_0, Q4_K, Q5_K
+// or Q6_K; any other reads as Q6_K): the kernels are compiled per dtype.
+template <typename Fn>
+decltype(auto) with_quantized_dtype(DType d, Fn&& fn) {
+  switch (d) {
+    case DType::Q4_0:
+      return fn(std::integral_constant<DType, DType::Q4_0>{});
+    case DType::Q8_0:
+      return fn(std::integral_constant<DType, DType::Q8_0>{});
+    case DType::Q4_K:
+      return fn(std::integral_constant<DType, DType::Q4_K>{});
+    case DType::Q5_K:
+      return fn(std::integral_constant<DType, DType::Q5_K>{});
+    default:
+      return fn(std::integral_constant<DType, DType::Q6_K>{});
+  }
 }
 
 // How many of the segment's first nodes (at most `most`) are products that `fits` accepts and
@@ -47,5 +67,207 @@ size_t count_same_b(std::span<const NodeExecution> segment, size_t most, Fits fi
 // layout allows it; false leaves them to the generic kernel (strided or unaligned weights, K not a
 // multiple of 256, too little shared memory).
 bool launch_staged_matvec(const OpContext& ctx, std::span<const NodeExecution> execs);
+
+// Two 16-bit loads: quants follow the 2-byte scale, so they are only 2-byte aligned.
+__device__ __forceinline__ int load_int_b2(const uint8_t* p) {
+  const auto* h = reinterpret_cast<const uint16_t*>(p);
+  return int(uint32_t(h[0]) | (uint32_t(h[1]) << 16));
+}
+
+// One weight row `ar` times kCols quantized columns of b (column c: quants bq[c], block scales
+// bd[c]): this lane's partial sums in acc (the caller adds them over the warp). Q4_0: two lanes per
+// block (8 quant bytes = 16 elements each); Q8_0: four lanes per block (8 bytes each). Consecutive
+// lanes read consecutive bytes of the row.
+template <DType kType, int kCols>
+__device__ __forceinline__ void quant_row_dot(const uint8_t* ar, int n_blocks,
+                                              const int8_t* const (&bq)[kCols],
+                                              const float* const (&bd)[kCols],
+                                              float (&acc)[kCols]) {
+  constexpr bool kQ4 = kType == DType::Q4_0;
+  constexpr int kLanesPerBlock = kQ4 ? 2 : 4;
+  constexpr int kBlocksPerStep = 32 / kLanesPerBlock;
+  constexpr int kBlockBytes = kQ4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+  const int lane = threadIdx.x % 32;
+  const int part = lane % kLanesPerBlock;
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+  // All weight loads of kSteps steps are issued before any is used: the loop is bound by
+  // memory latency, so bytes in flight per warp decide the bandwidth.
+  constexpr int kSteps = 8;
+  for (int base = lane / kLanesPerBlock; base < n_blocks; base += kBlocksPerStep * kSteps) {
+    float dw[kSteps];
+    int w0[kSteps], w1[kSteps];
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const int blk = base + s * kBlocksPerStep;
+      if (blk < n_blocks) {
+        const uint8_t* bp = ar + int64_t(blk) * kBlockBytes;
+        dw[s] = f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(bp));
+        w0[s] = load_int_b2(bp + 2 + 8 * part);
+        w1[s] = load_int_b2(bp + 6 + 8 * part);
+      } else {
+        dw[s] = 0.0f;
+        w0[s] = w1[s] = 0;
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const int blk = base + s * kBlocksPerStep;
+      if (blk >= n_blocks) break;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int8_t* bb = bq[c] + int64_t(blk) * kQBlock;
+        const float db = bd[c][blk];
+        int dot;
+        if constexpr (kQ4) {
+          // Low nibbles are elements 8p..8p+7, high nibbles 16+8p..16+8p+7; q - 8 via the sum.
+          const int2 blo = *reinterpret_cast<const int2*>(bb + 8 * part);
+          const int2 bhi = *reinterpret_cast<const int2*>(bb + 16 + 8 * part);
+          dot = __dp4a(w0[s] & 0x0F0F0F0F, blo.x, 0);
+          dot = __dp4a(w1[s] & 0x0F0F0F0F, blo.y, dot);
+          dot = __dp4a((w0[s] >> 4) & 0x0F0F0F0F, bhi.x, dot);
+          dot = __dp4a((w1[s] >> 4) & 0x0F0F0F0F, bhi.y, dot);
+          int sum = __dp4a(0x01010101, blo.x, 0);
+          sum = __dp4a(0x01010101, blo.y, sum);
+          sum = __dp4a(0x01010101, bhi.x, sum);
+          sum = __dp4a(0x01010101, bhi.y, sum);
+          dot -= 8 * sum;
+        } else {
+          const int2 bv = *reinterpret_cast<const int2*>(bb + 8 * part);
+          dot = __dp4a(w0[s], bv.x, 0);
+          dot = __dp4a(w1[s], bv.y, dot);
+        }
+        acc[c] += dw[s] * db * float(dot);
+      }
+    }
+  }
+}
+
+// K-quant rows (GGUF Q4_K / Q5_K / Q6_K): one warp per row, each lane 8 elements of every
+// super-block (lane / 4 is Q4_K/Q5_K's sub-block; Q6_K's 16-element group is one scale), as two
+// int8x4 words for __dp4a against b's int8 blocks. Q4_K/Q5_K subtract min * sum(b) per lane;
+// Q6_K's quants are made signed (q - 32) per byte. The loads of kKSteps super-blocks are issued
+// before any is used: a row of 2,048 elements is 8 super-blocks, and one at a time each waited
+// out a load's full latency (1B Q4_K_M decode spent two thirds of its time in these kernels).
+// The kernels are programmatic dependents of b's quantization: the first super-blocks' loads go
+// out before griddepcontrol.wait, while that kernel runs (weights are never written by a kernel).
+// They release their own dependents only as they exit: with many waves of blocks, dependents
+// released early would hold SM slots waiting while later waves still need them (8B Q4_K_M tg128
+// 242 -> 230 t/s, H100).
+constexpr int kKSteps = 8;
+
+// One row `ar` of a K-quant matrix times kCols quantized columns of b: out[c * M + row].
+template <DType kType, int kCols>
+__device__ __forceinline__ void k_matvec_row(const uint8_t* ar, int M, int row, int n_supers,
+                                             const int8_t* bq, const float* bd, float* out) {
+  constexpr bool kQ6 = kType == DType::Q6_K;
+  constexpr int64_t kSuperBytes = kType == DType::Q4_K   ? sizeof(BlockQ4_K)
+                                  : kType == DType::Q5_K ? sizeof(BlockQ5_K)
+                                                         : sizeof(BlockQ6_K);
+  const int lane = threadIdx.x % 32;
+  const int64_t K = int64_t(n_supers) * kSuperBlock, n_blocks = K / kQBlock;
+  const int e0 = 8 * lane;  // this lane's first element in each super-block
+  // Q4_K / Q5_K: sub-block j, byte l of its 32; the scale bytes j, j + 4 and (j >= 4) j - 4.
+  const int j = e0 / 32, l = e0 % 32;
+  // Q6_K: half h, quarter k of it, byte l of 32.
+  const int h6 = e0 / 128, k6 = (e0 % 128) / 32;
+  float acc[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+  for (int s0 = 0; s0 < n_supers; s0 += kKSteps) {
+    // Raw words first (quants, high bits, scales), all in flight together.
+    int q0[kKSteps], q1[kKSteps], h0[kKSteps], h1[kKSteps];
+    uint32_t dm[kKSteps];  // Q4_K/Q5_K: d | dmin << 16; Q6_K: d | scale << 16
+    uint32_t sb[kKSteps];  // Q4_K/Q5_K: scale bytes j | j + 4 << 8 | j - 4 << 16
+#pragma unroll
+    for (int t = 0; t < kKSteps; ++t) {
+      q0[t] = q1[t] = h0[t] = h1[t] = 0;
+      dm[t] = sb[t] = 0;
+      if (s0 + t >= n_supers) continue;
+      const uint8_t* blk = ar + int64_t(s0 + t) * kSuperBytes;
+      if constexpr (kQ6) {
+        const auto* b = reinterpret_cast<const BlockQ6_K*>(blk);
+        const uint8_t* ql = b->ql + 64 * h6 + 32 * (k6 & 1) + l;
+        const uint8_t* qh = b->qh + 32 * h6 + l;
+        q0[t] = load_int_b2(ql);
+        q1[t] = load_int_b2(ql + 4);
+        h0[t] = load_int_b2(qh);
+        h1[t] = load_int_b2(qh + 4);
+        dm[t] = uint32_t(b->d) | (uint32_t(uint8_t(b->scales[8 * h6 + 2 * k6 + l / 16])) << 16);
+      } else {
+        // 144- and 176-byte blocks keep 4-byte alignment; the quants' 8 bytes are 8-aligned.
+        const auto* b = reinterpret_cast<const BlockQ4_K*>(blk);  // d, dmin, scales lead both
+        const uint8_t* qs =
+            kType == DType::Q4_K ? b->qs : reinterpret_cast<const BlockQ5_K*>(blk)->qs;
+        const int2 qv = *reinterpret_cast<const int2*>(qs + 32 * (j / 2) + l);
+        q0[t] = qv.x;
+        q1[t] = qv.y;
+        if constexpr (kType == DType::Q5_K) {
+          const int2 hv =
+              *reinterpret_cast<const int2*>(reinterpret_cast<const BlockQ5_K*>(blk)->qh + l);
+          h0[t] = hv.x;
+          h1[t] = hv.y;
+        }
+        dm[t] = *reinterpret_cast<const uint32_t*>(blk);
+        sb[t] = uint32_t(b->scales[j]) | (uint32_t(b->scales[j + 4]) << 8) |
+                (uint32_t(b->scales[j >= 4 ? j - 4 : j]) << 16);
+      }
+    }
+    if (s0 == 0) grid_dependency_wait();  // b's quantization is the preceding kernel
+#pragma unroll
+    for (int t = 0; t < kKSteps; ++t) {
+      const int s = s0 + t;
+      if (s >= n_supers) break;
+      int w0, w1;
+      float dw, mw = 0.0f;
+      if constexpr (kQ6) {
+        const int shift = 4 * (k6 >> 1);
+        const int v0 = ((q0[t] >> shift) & 0x0F0F0F0F) | (((h0[t] >> (2 * k6)) & 0x03030303) << 4);
+        const int v1 = ((q1[t] >> shift) & 0x0F0F0F0F) | (((h1[t] >> (2 * k6)) & 0x03030303) << 4);
+        w0 = int(__vsub4(unsigned(v0), 0x20202020u));
+        w1 = int(__vsub4(unsigned(v1), 0x20202020u));
+        dw = f16_bits_to_f32(uint16_t(dm[t] & 0xFFFF)) * float(int8_t(dm[t] >> 16));
+      } else {
+        const int shift = 4 * (j % 2);
+        w0 = (q0[t] >> shift) & 0x0F0F0F0F;
+        w1 = (q1[t] >> shift) & 0x0F0F0F0F;
+        if constexpr (kType == DType::Q5_K) {
+          w0 |= ((h0[t] >> j) & 0x01010101) << 4;
+          w1 |= ((h1[t] >> j) & 0x01010101) << 4;
+        }
+        // k_scale_min() on the three bytes this lane's sub-block reads.
+        const uint32_t bj = sb[t] & 0xFF, bj4 = (sb[t] >> 8) & 0xFF, bjm4 = (sb[t] >> 16) & 0xFF;
+        const uint32_t sc = j < 4 ? bj & 63 : (bj4 & 0x0F) | ((bjm4 >> 6) << 4);
+        const uint32_t m = j < 4 ? bj4 & 63 : (bj4 >> 4) | ((bj >> 6) << 4);
+        dw = f16_bits_to_f32(uint16_t(dm[t] & 0xFFFF)) * float(sc);
+        mw = f16_bits_to_f32(uint16_t(dm[t] >> 16)) * float(m);
+      }
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int2 bv = *reinterpret_cast<const int2*>(bq + c * K + s * kSuperBlock + e0);
+        const float db = bd[c * n_blocks + s * (kSuperBlock / kQBlock) + e0 / kQBlock];
+        const int dot = __dp4a(w1, bv.y, __dp4a(w0, bv.x, 0));
+        if constexpr (kQ6) {
+          acc[c] += db * dw * float(dot);
+        } else {
+          const int sum = __dp4a(0x01010101, bv.y, __dp4a(0x01010101, bv.x, 0));
+          acc[c] += db * (dw * float(dot) - mw * float(sum));
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const float v = warp_sum(acc[c]);
+    if (lane == 0) out[int64_t(c) * M + row] = v;
+  }
+}
+
+// b (f32) quantized into the scratch buffer as int8 blocks with their scales (bq, then bd).
+struct QuantizedB {
+  int8_t* bq;
+  float* bd;
+};
+QuantizedB quantize_b(const OpContext& ctx, const TensorDesc& b, const void* b_data);
 
 }  // namespace tandem::cuda
