@@ -104,9 +104,10 @@ __global__ __launch_bounds__(kWarps * 32) void expert_gate_up_kernel(
 
 // ExpertMatMul over many tokens (prefill): the (token, choice) pairs grouped by expert on the
 // device, then each expert's rows read once per tile of up to kExpertTile pairs instead of once
-// per pair. moe_group_kernel (one block) counts the pairs per expert, lays the groups out one
-// after another (pairs[]), and lists the tiles (expert, first pair, pairs) for the product.
-constexpr int kExpertTile = 8;
+// per pair, and multiplied on the tensor cores. moe_group_kernel (one block) counts the pairs per
+// expert, lays the groups out one after another (pairs[]), and lists the tiles (expert, first pair,
+// pairs) for the product.
+constexpr int kExpertTile = 32;
 constexpr int kMaxGroupedExperts = 2048;  // counts, cursors and offsets in shared memory
 struct ExpertGroups {
   int32_t* pairs;        // [pairs]: z = t * k + j, grouped by expert
@@ -153,38 +154,278 @@ __global__ void moe_group_kernel(const int32_t* ids, int64_t n_pairs, int n_expe
   }
 }
 
-// One warp per row of a tile's expert, the tile's pairs as the columns (a short tile repeats
-// its first pair and does not write the copies). A pair with an invalid expert id was left out
-// by the grouping: its output stays unwritten, and the flag is raised.
+// D += A * B on the tensor cores, int8 in, int32 out: A 16 x 32 (row-major fragments a0..a3),
+// B 32 x 8 (column-major b0, b1), D 16 x 8. Lane l holds, with g = l / 4 and t = l % 4: a0 / a1
+// rows g / g + 8, elements 4t..4t+3; a2 / a3 the same rows, elements 16 + 4t..; b0 / b1 column g,
+// elements 4t.. / 16 + 4t..; d0, d1 row g, columns 2t, 2t + 1; d2, d3 row g + 8.
+__device__ __forceinline__ void mma_s8(int (&d)[4], const int (&a)[4], int b0, int b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A tile's pairs times kMmaWarps * kMmaWarpRows rows of its expert on the tensor cores: each
+// warp 32 rows (two 16-row fragments) by the tile's 32 pairs (four 8-column fragments). Per
+// 32-element block k of the row, one mma per fragment pair gives the int32 dot products of the
+// weights' quants with b's int8 quants, scaled into the f32 sums by both blocks' scales (as
+// ggml's q8_1 products: the scales change every 32 elements). Lanes read their fragments
+// straight from the weight blocks (Q4_0: the low nibbles are elements 0-15, the high ones
+// 16-31, so one 4-byte load gives a0 and a2) and from b's quantized columns; the four warps share
+// b through L1. A short tile repeats its first pair and does not write the copies; rows past M
+// read row M - 1 and are not written. A pair with an invalid expert id was left out by the
+// grouping: its output stays unwritten, and the flag is raised.
+constexpr int kMmaWarps = 4, kMmaWarpRows = 32, kMmaRows = kMmaWarps * kMmaWarpRows;
 template <DType kType>
-__global__ __launch_bounds__(kWarps * 32) void expert_grouped_kernel(
+__global__ __launch_bounds__(kMmaWarps * 32) void expert_mma_kernel(
     const uint8_t* a, int64_t row_stride, int64_t expert_stride, int M, int64_t K, const int8_t* bq,
     const float* bd, int64_t b_cols, int k, ExpertGroups g, float* out) {
+  static_assert(kExpertTile == 32, "four 8-column fragments per warp");
+  constexpr bool kQ4 = kType == DType::Q4_0;
+  constexpr int kBlockBytes = kQ4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
   grid_dependency_wait();
   const int tile = blockIdx.y;
   if (tile >= *g.n_tiles) return;
-  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (row >= M) return;
+  const int row0 = blockIdx.x * kMmaRows + (threadIdx.x / 32) * kMmaWarpRows;
+  if (row0 >= M) return;
+  const int lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
   const int expert = g.tile_expert[tile], start = g.tile_start[tile], count = g.tile_count[tile];
   const int n_blocks = int(K / kQBlock);
-  int32_t z[kExpertTile];
-  const int8_t* bqs[kExpertTile];
-  const float* bds[kExpertTile];
+  // This lane's weight rows: fragment i, half h (row0 + 16 i + 8 h + g).
+  const uint8_t* ar[2][2];
 #pragma unroll
-  for (int c = 0; c < kExpertTile; ++c) {
-    z[c] = g.pairs[start + (c < count ? c : 0)];
-    const int64_t col = b_cols == 1 ? z[c] / k : z[c];
-    bqs[c] = bq + col * K;
-    bds[c] = bd + col * int64_t(n_blocks);
-  }
-  float acc[kExpertTile];
-  quant_row_dot<kType, kExpertTile>(a + expert * expert_stride + row * row_stride, n_blocks, bqs,
-                                    bds, acc);
+  for (int i = 0; i < 2; ++i) {
 #pragma unroll
-  for (int c = 0; c < kExpertTile; ++c) {
-    const float v = warp_sum(acc[c]);
-    if (threadIdx.x % 32 == 0 && c < count) out[int64_t(z[c]) * M + row] = v;
+    for (int h = 0; h < 2; ++h) {
+      const int r = min(row0 + 16 * i + 8 * h + gq, M - 1);
+      ar[i][h] = a + expert * expert_stride + int64_t(r) * row_stride + 2 + 4 * tq;
+    }
   }
+  // Its b columns (offsets into bq / bd): column j * 8 + g for the B fragments, j * 8 + 2t +
+  // {0, 1} for the scales.
+  auto column = [&](int c) {
+    const int32_t z = g.pairs[start + (c < count ? c : 0)];
+    return b_cols == 1 ? z / k : z;
+  };
+  int bqc[4], bdc[4][2];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    bqc[j] = column(8 * j + gq) * int(K) + 4 * tq;
+    bdc[j][0] = column(8 * j + 2 * tq) * n_blocks;
+    bdc[j][1] = column(8 * j + 2 * tq + 1) * n_blocks;
+  }
+  // One 32-element block's raw fragments and scales; the next block's are loaded before this
+  // one's products (the loop waits on memory, not on the tensor cores).
+  struct Stage {
+    uint16_t da[2][2];
+    int qa[2][2][kQ4 ? 1 : 2];
+    int b[4][2];
+    float db[4][2];
+  };
+  auto load = [&](Stage& st, int blk) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* bp = ar[i][h] + int64_t(blk) * kBlockBytes;
+        st.da[i][h] = *reinterpret_cast<const uint16_t*>(bp - 2 - 4 * tq);
+        st.qa[i][h][0] = load_int_b2(bp);
+        if constexpr (!kQ4) st.qa[i][h][1] = load_int_b2(bp + 16);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int8_t* bb = bq + bqc[j] + blk * kQBlock;
+      st.b[j][0] = *reinterpret_cast<const int*>(bb);
+      st.b[j][1] = *reinterpret_cast<const int*>(bb + 16);
+      st.db[j][0] = bd[bdc[j][0] + blk];
+      st.db[j][1] = bd[bdc[j][1] + blk];
+    }
+  };
+  float acc[2][4][4] = {};
+  Stage cur;
+  load(cur, 0);
+  for (int blk = 0; blk < n_blocks; ++blk) {
+    Stage next;
+    if (blk + 1 < n_blocks) load(next, blk + 1);
+    int af[2][4];
+    float da[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        da[i][h] = f16_bits_to_f32(cur.da[i][h]);
+        if constexpr (kQ4) {
+          const int v = cur.qa[i][h][0];
+          af[i][h] = int(__vsub4(unsigned(v & 0x0F0F0F0F), 0x08080808u));
+          af[i][2 + h] = int(__vsub4(unsigned((v >> 4) & 0x0F0F0F0F), 0x08080808u));
+        } else {
+          af[i][h] = cur.qa[i][h][0];
+          af[i][2 + h] = cur.qa[i][h][1];
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        int d[4] = {0, 0, 0, 0};
+        mma_s8(d, af[i], cur.b[j][0], cur.b[j][1]);
+        acc[i][j][0] += float(d[0]) * (da[i][0] * cur.db[j][0]);
+        acc[i][j][1] += float(d[1]) * (da[i][0] * cur.db[j][1]);
+        acc[i][j][2] += float(d[2]) * (da[i][1] * cur.db[j][0]);
+        acc[i][j][3] += float(d[3]) * (da[i][1] * cur.db[j][1]);
+      }
+    }
+    cur = next;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = 8 * j + 2 * tq + e;
+      if (c >= count) continue;
+      float* oc = out + int64_t(g.pairs[start + c]) * M;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = row0 + 16 * i + 8 * h + gq;
+          if (r < M) oc[r] = acc[i][j][2 * h + e];
+        }
+      }
+    }
+  }
+}
+
+// The same product with both operands staged in shared memory (the fragments read from global
+// memory above touch eight rows or columns per load, and the L1 spent more time on those than
+// the tensor cores on the products: Qwen3-30B-A3B-shaped pp512 32 ms in the expert products on
+// an H100). Per chunk of kChunkBlocks 32-element blocks, the block copies its 128 weight rows
+// and the tile's 32 quantized b columns with their scales by 16-byte cp.async, then each warp
+// multiplies its 32 rows from there. Row strides of 144 (Q4_0) and 272 (Q8_0) bytes and b
+// columns padded to 272 put a fragment load's 32 words in 32 distinct banks. Needs K a multiple
+// of kChunkBlocks * 32 and 16-byte aligned rows (expert_mma_staged).
+constexpr int kChunkBlocks = 8;
+template <DType kType>
+struct MmaStage {
+  static constexpr int kBlockBytes = kType == DType::Q4_0 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+  static constexpr int kRowBytes = kChunkBlocks * kBlockBytes;
+  static constexpr int kColBytes = kChunkBlocks * kQBlock + 16;
+  uint8_t a[kMmaRows][kRowBytes];
+  int8_t b[kExpertTile][kColBytes];
+  float bd[kExpertTile][kChunkBlocks];
+  int64_t column[kExpertTile];
+};
+
+template <DType kType>
+__global__ __launch_bounds__(kMmaWarps * 32) void expert_mma_staged_kernel(
+    const uint8_t* a, int64_t row_stride, int64_t expert_stride, int M, int64_t K, const int8_t* bq,
+    const float* bd, int64_t b_cols, int k, ExpertGroups g, float* out) {
+  using Stage = MmaStage<kType>;
+  constexpr bool kQ4 = kType == DType::Q4_0;
+  constexpr int kBlockBytes = Stage::kBlockBytes;
+  __shared__ __align__(16) Stage sm;
+  grid_dependency_wait();
+  const int tile = blockIdx.y;
+  if (tile >= *g.n_tiles) return;
+  const int expert = g.tile_expert[tile], start = g.tile_start[tile], count = g.tile_count[tile];
+  const int block_row0 = blockIdx.x * kMmaRows;
+  const int warp_row0 = (threadIdx.x / 32) * kMmaWarpRows;
+  const int lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+  const int n_blocks = int(K / kQBlock);
+  if (threadIdx.x < kExpertTile) {
+    const int32_t z = g.pairs[start + (int(threadIdx.x) < count ? threadIdx.x : 0)];
+    sm.column[threadIdx.x] = b_cols == 1 ? z / k : z;
+  }
+  __syncthreads();
+  const uint8_t* ae = a + expert * expert_stride;
+  float acc[2][4][4] = {};
+  for (int chunk = 0; chunk < n_blocks / kChunkBlocks; ++chunk) {
+    constexpr int kRowCopies = Stage::kRowBytes / 16;
+    for (int i = threadIdx.x; i < kMmaRows * kRowCopies; i += kMmaWarps * 32) {
+      const int r = i / kRowCopies, c = i % kRowCopies;
+      const int64_t row = min(block_row0 + r, M - 1);
+      copy_async_16(uint32_t(__cvta_generic_to_shared(&sm.a[r][16 * c])),
+                    ae + row * row_stride + int64_t(chunk) * Stage::kRowBytes + 16 * c);
+    }
+    constexpr int kColCopies = kChunkBlocks * kQBlock / 16;
+    for (int i = threadIdx.x; i < kExpertTile * kColCopies; i += kMmaWarps * 32) {
+      const int col = i / kColCopies, c = i % kColCopies;
+      copy_async_16(uint32_t(__cvta_generic_to_shared(&sm.b[col][16 * c])),
+                    bq + sm.column[col] * K + chunk * kChunkBlocks * kQBlock + 16 * c);
+    }
+    if (threadIdx.x < kExpertTile * kChunkBlocks / 4) {
+      const int col = threadIdx.x / (kChunkBlocks / 4), c = threadIdx.x % (kChunkBlocks / 4);
+      copy_async_16(uint32_t(__cvta_generic_to_shared(&sm.bd[col][4 * c])),
+                    bd + sm.column[col] * n_blocks + chunk * kChunkBlocks + 4 * c);
+    }
+    copy_async_commit();
+    copy_async_wait<0>();
+    __syncthreads();
+#pragma unroll 2
+    for (int kb = 0; kb < kChunkBlocks; ++kb) {
+      int af[2][4];
+      float da[2][2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* bp = &sm.a[warp_row0 + 16 * i + 8 * h + gq][kb * kBlockBytes];
+          da[i][h] = f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(bp));
+          if constexpr (kQ4) {
+            const int v = load_int_b2(bp + 2 + 4 * tq);
+            af[i][h] = int(__vsub4(unsigned(v & 0x0F0F0F0F), 0x08080808u));
+            af[i][2 + h] = int(__vsub4(unsigned((v >> 4) & 0x0F0F0F0F), 0x08080808u));
+          } else {
+            af[i][h] = load_int_b2(bp + 2 + 4 * tq);
+            af[i][2 + h] = load_int_b2(bp + 18 + 4 * tq);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int8_t* bb = &sm.b[8 * j + gq][kb * kQBlock + 4 * tq];
+        const int b0 = *reinterpret_cast<const int*>(bb);
+        const int b1 = *reinterpret_cast<const int*>(bb + 16);
+        const float db0 = sm.bd[8 * j + 2 * tq][kb], db1 = sm.bd[8 * j + 2 * tq + 1][kb];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          int d[4] = {0, 0, 0, 0};
+          mma_s8(d, af[i], b0, b1);
+          acc[i][j][0] += float(d[0]) * (da[i][0] * db0);
+          acc[i][j][1] += float(d[1]) * (da[i][0] * db1);
+          acc[i][j][2] += float(d[2]) * (da[i][1] * db0);
+          acc[i][j][3] += float(d[3]) * (da[i][1] * db1);
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = 8 * j + 2 * tq + e;
+      if (c >= count) continue;
+      float* oc = out + int64_t(g.pairs[start + c]) * M;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = block_row0 + warp_row0 + 16 * i + 8 * h + gq;
+          if (r < M) oc[r] = acc[i][j][2 * h + e];
+        }
+      }
+    }
+  }
+}
+
+// The staged kernel's conditions: whole chunks, and 16-byte aligned weight rows and experts.
+bool expert_mma_staged(const NodeExecution& e) {
+  const TensorDesc& a = *e.inputs[0].desc;
+  return a.ne[0] % (kChunkBlocks * kQBlock) == 0 && a.nb[1] % 16 == 0 && a.nb[2] % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(e.inputs[0].data) % 16 == 0;
 }
 
 // Tokens from which the grouped product reads fewer weight bytes than one product per pair.
@@ -292,10 +533,13 @@ bool launch_expert_matvec(const OpContext& ctx, const NodeExecution& e) {
                                   static_cast<const int32_t*>(e.inputs[2].data), n_pairs,
                                   int(a.ne[2]), g, ctx.error_flag),
               "expert_matmul", "kernel launch");
-    const dim3 grid(unsigned((M + kWarps - 1) / kWarps), unsigned(max_tiles));
-    auto kernel = a.dtype == DType::Q4_0 ? expert_grouped_kernel<DType::Q4_0>
-                                         : expert_grouped_kernel<DType::Q8_0>;
-    ctx.check(launch_programmatic(ctx.stream, grid, dim3(kWarps * 32), 0, kernel,
+    const dim3 grid(unsigned((M + kMmaRows - 1) / kMmaRows), unsigned(max_tiles));
+    const bool q4 = a.dtype == DType::Q4_0;
+    auto kernel =
+        expert_mma_staged(e)
+            ? (q4 ? expert_mma_staged_kernel<DType::Q4_0> : expert_mma_staged_kernel<DType::Q8_0>)
+            : (q4 ? expert_mma_kernel<DType::Q4_0> : expert_mma_kernel<DType::Q8_0>);
+    ctx.check(launch_programmatic(ctx.stream, grid, dim3(kMmaWarps * 32), 0, kernel,
                                   static_cast<const uint8_t*>(e.inputs[0].data), int64_t(a.nb[1]),
                                   int64_t(a.nb[2]), M, a.ne[0], static_cast<const int8_t*>(qb.bq),
                                   static_cast<const float*>(qb.bd), b.ne[1], int(id.ne[0]), g,
