@@ -92,6 +92,30 @@ Graph add_graph(int64_t n, TensorId& node) {
   return g;
 }
 
+// An expert product without samples of its own runs at the efficiency its weights' dense
+// product was measured at: for many tokens the quantized matmul's, for one token the
+// matrix-vector product's.
+TEST(Calibration, ExpertProductTakesTheDenseProductsEfficiency) {
+  BackendProfile p = CostModel::default_profile(BackendKind::Cpu);
+  p.launch_us = 0.0;
+  p.peak_gflops[size_t(DTypeClass::Quantized)] = 1000.0;
+  p.memory_bandwidth_gbs = 1e6;  // compute-bound
+  // Dense Q4_0 over many tokens at a quarter of the peak, one token at half.
+  p.op_samples[{OpKind::QuantizedMatMul, DType::Q4_0, false}] = {{1e9, 1e3, 4000.0}};
+  p.op_samples[{OpKind::QuantizedMatMul, DType::Q4_0, true}] = {{1e9, 1e3, 2000.0}};
+  for (int64_t tokens : {64, 1}) {
+    Graph g;
+    const int64_t K = 256, M = 128, E = 8, k = 2;
+    const TensorId out = g.expert_matmul(g.weight("a", DType::Q4_0, {K, M, E}),
+                                         g.input("b", DType::F32, {K, 1, tokens}),
+                                         g.input("ids", DType::I32, {k, tokens}));
+    const double roofline = 2.0 * K * M * double(k * tokens) / 1e6;  // 1e6 flops per us
+    EXPECT_NEAR(CostModel::estimate(g, g.node(out), p).compute_us,
+                (tokens == 1 ? 2.0 : 4.0) * roofline, 1e-6 * roofline)
+        << tokens << " tokens";
+  }
+}
+
 TEST(Calibration, EstimateMatchesSamplesAndInterpolatesBetween) {
   BackendProfile p = CostModel::default_profile(BackendKind::Cpu);
   p.launch_us = 1.0;
