@@ -416,8 +416,11 @@ void moe_cases(Catalog& cat) {
     expert_matmul(d, shapes);
   }
   for (DType d : kQuantized) {
-    std::vector<M> shapes{{32, 1, 2, 1, 1, 1},  {64, 17, 4, 1, 2, 1}, {96, 33, 4, 2, 2, 5},
-                          {160, 7, 8, 1, 2, 9}, {64, 16, 3, 3, 3, 4}, {32, 5, 6, 1, 4, 17}};
+    // The last two give experts 16 or more pairs (the CPU's AMX tiles where it has them) and
+    // M beyond one 64-row work item, not a multiple of 16.
+    std::vector<M> shapes{{32, 1, 2, 1, 1, 1},     {64, 17, 4, 1, 2, 1}, {96, 33, 4, 2, 2, 5},
+                          {160, 7, 8, 1, 2, 9},    {64, 16, 3, 3, 3, 4}, {32, 5, 6, 1, 4, 17},
+                          {128, 100, 4, 1, 3, 40}, {64, 70, 3, 2, 2, 24}};
     if (cat.large()) shapes.push_back({1024, 512, 8, 1, 2, 33});
     expert_matmul(d, shapes);
   }

@@ -40,6 +40,13 @@ void float_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* a, const 
 void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, size_t wrb,
                          const float* b, float* out, int64_t M, int64_t N, int64_t K);
 
+// AMX tiles (OpContext::amx) pay off for quantized products from one full 16-column tile.
+inline constexpr int64_t kAmxMinCols = 16;
+
+// The integer tile kernel of a quantized weight dtype (Q4_0, Q8_0 or a K-quant).
+using QuantizedTile = decltype(Kernels::q4_0_tile);
+QuantizedTile quantized_tile(const Kernels& k, DType dtype);
+
 // Splits an M x N output (M weight rows, N activation columns) over the pool: by rows in
 // multiples of kTileRows when there are enough, else by columns. fn(m0, m1, n0, n1).
 void split_output(ThreadPool& pool, int64_t M, int64_t N,

@@ -22,8 +22,6 @@ void exact_matmul_2d(const Kernels& k, DType dtype, const uint8_t* w, size_t wrb
   }
 }
 
-constexpr int64_t kAmxMinCols = 16;  // AMX pays off from one full 16-column tile
-
 // The AMX path for one batch slice: activation column tiles packed once, then every thread
 // unpacks its 16-row weight panels and multiplies each against all column tiles.
 void amx_matmul_2d(ThreadPool& pool, bool q4, const uint8_t* w, size_t wrb,
@@ -70,6 +68,21 @@ struct ActivationScratch {
 
 }  // namespace
 
+QuantizedTile quantized_tile(const Kernels& k, DType dtype) {
+  switch (dtype) {
+    case DType::Q4_0:
+      return k.q4_0_tile;
+    case DType::Q4_K:
+      return k.q4_k_tile;
+    case DType::Q5_K:
+      return k.q5_k_tile;
+    case DType::Q6_K:
+      return k.q6_k_tile;
+    default:
+      return k.q8_0_tile;
+  }
+}
+
 void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, size_t wrb,
                          const float* b, float* out, int64_t M, int64_t N, int64_t K) {
   const Kernels& k = ctx.k;
@@ -77,23 +90,7 @@ void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, si
     exact_matmul_2d(k, dtype, w, wrb, b, out, M, N, K);
     return;
   }
-  auto tile = k.q8_0_tile;
-  switch (dtype) {
-    case DType::Q4_0:
-      tile = k.q4_0_tile;
-      break;
-    case DType::Q4_K:
-      tile = k.q4_k_tile;
-      break;
-    case DType::Q5_K:
-      tile = k.q5_k_tile;
-      break;
-    case DType::Q6_K:
-      tile = k.q6_k_tile;
-      break;
-    default:
-      break;
-  }
+  const auto tile = quantized_tile(k, dtype);
   const int64_t nb = K / kQuantBlock;
   thread_local ActivationScratch tls_scratch;
   ActivationScratch& scratch = tls_scratch;  // the caller's, also inside worker tasks
