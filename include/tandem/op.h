@@ -45,9 +45,6 @@ struct OpWork {
   double flops = 0.0;
   double bytes = 0.0;  // bytes read plus bytes written
   DTypeClass dtype_class = DTypeClass::F32;
-  // Independent products of equal size the work consists of (ExpertMatMul: one per chosen
-  // expert); a backend's efficiency is that of one part's size.
-  double parts = 1.0;
 };
 
 // Bytes of a tensor's elements (rows * row_bytes), whatever its strides.

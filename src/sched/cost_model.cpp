@@ -182,17 +182,6 @@ OpKey sampled_key(const OpKey& key, const BackendProfile& profile) {
 
 double CostModel::calibrated_compute_us(const OpWork& w, const OpKey& key,
                                         const BackendProfile& profile) {
-  if (w.parts > 1.0) {
-    // Each part at the efficiency of its own size, one launch for all (a CPU expert product
-    // of 32 columns runs at a small product's efficiency, not at that of the 4,096 columns of
-    // all experts together: Qwen3-30B-A3B's prefill experts 2.2x the estimate on 16 threads).
-    OpWork one = w;
-    one.flops /= w.parts;
-    one.bytes /= w.parts;
-    one.parts = 1.0;
-    return w.parts * (calibrated_compute_us(one, key, profile) - profile.launch_us) +
-           profile.launch_us;
-  }
   const double roofline = roofline_us(w, profile);
   const auto it = profile.op_samples.find(sampled_key(key, profile));
   if (it == profile.op_samples.end() || it->second.empty() || roofline <= 0.0)

@@ -116,25 +116,6 @@ TEST(Calibration, ExpertProductTakesTheDenseProductsEfficiency) {
   }
 }
 
-// Its efficiency is that of one expert's product: 64 tokens x 2 choices over 8 experts are 8
-// products of 16 columns, measured small (efficiency 8) while all 128 columns together would
-// fall between the small and the large sample.
-TEST(Calibration, ExpertProductTakesTheEfficiencyOfOneExpertsSize) {
-  BackendProfile p = CostModel::default_profile(BackendKind::Cpu);
-  p.launch_us = 0.0;
-  p.peak_gflops[size_t(DTypeClass::Quantized)] = 1000.0;  // 1e6 flops per us
-  p.memory_bandwidth_gbs = 1e6;
-  const int64_t K = 256, M = 128, E = 8, k = 2, tokens = 64;
-  const double part_flops = 2.0 * K * M * (k * tokens / E);
-  p.op_samples[{OpKind::QuantizedMatMul, DType::Q4_0, false}] = {
-      {part_flops, 1e3, 8.0 * part_flops / 1e6}, {1e10, 1e3, 2.0 * 1e4}};
-  Graph g;
-  const TensorId out = g.expert_matmul(g.weight("a", DType::Q4_0, {K, M, E}),
-                                       g.input("b", DType::F32, {K, 1, tokens}),
-                                       g.input("ids", DType::I32, {k, tokens}));
-  EXPECT_NEAR(CostModel::estimate(g, g.node(out), p).compute_us, 8.0 * E * part_flops / 1e6, 1e-6);
-}
-
 TEST(Calibration, EstimateMatchesSamplesAndInterpolatesBetween) {
   BackendProfile p = CostModel::default_profile(BackendKind::Cpu);
   p.launch_us = 1.0;

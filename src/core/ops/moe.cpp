@@ -90,7 +90,6 @@ void work_expert_matmul(const Graph& g, const Node& n, OpWork& w) {
   const double read = std::min(double(a.ne[2]), products) / double(a.ne[2]);
   w.bytes -= double(data_bytes(a)) * (1.0 - read);
   w.dtype_class = dtype_class(a.dtype);
-  w.parts = std::max(1.0, std::min(double(a.ne[2]), products));
 }
 
 void work_combine(const Graph& g, const Node& n, OpWork& w) {
