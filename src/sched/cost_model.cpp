@@ -165,16 +165,18 @@ constexpr double kMinEfficiency = 1e-3;
 OpKey sampled_key(const OpKey& key, const BackendProfile& profile) {
   if (profile.op_samples.count(key)) return key;
   OpKey proxy = key;
-  // An expert product is a dense product per chosen expert (each backend groups the pairs by
-  // expert): without samples of its own it runs at the efficiency of the dense product of its
-  // weights' dtype. At roofline alone the CPU's Qwen3-30B-A3B prefill experts came out 3.7x
-  // too fast, and auto kept them on the CPU instead of streaming them to the GPU.
-  if (key.op == OpKind::ExpertMatMul) {
-    proxy.op = dtype_traits(key.dtype).is_quantized ? OpKind::QuantizedMatMul : OpKind::MatMul;
+  // K-quants without samples of their own take Q4_0's or (Q6_K) Q8_0's.
+  if (is_k_quant(key.dtype)) {
+    proxy.dtype = key.dtype == DType::Q6_K ? DType::Q8_0 : DType::Q4_0;
     if (profile.op_samples.count(proxy)) return proxy;
   }
-  if (!is_k_quant(proxy.dtype)) return proxy;
-  proxy.dtype = key.dtype == DType::Q6_K ? DType::Q8_0 : DType::Q4_0;
+  // An expert product is a dense product per chosen expert (each backend groups the pairs by
+  // expert): calibration samples it (measure_experts); a profile without those samples takes
+  // the efficiency of the dense product of its weights' dtype rather than the bare roofline,
+  // which put the CPU's Qwen3-30B-A3B prefill experts 3.7x too fast.
+  if (key.op == OpKind::ExpertMatMul) {
+    proxy.op = dtype_traits(key.dtype).is_quantized ? OpKind::QuantizedMatMul : OpKind::MatMul;
+  }
   return proxy;
 }
 

@@ -415,6 +415,13 @@ TEST(Calibration, QuickCpuCalibrationIsSaneAndCached) {
       EXPECT_TRUE(p.op_samples.count({op, dt, one})) << dtype_name(dt) << " " << one;
     }
   }
+  // Expert products are timed as themselves, one token and many.
+  for (DType dt : {DType::Q8_0, DType::Q4_0}) {
+    for (bool one : {true, false}) {
+      EXPECT_TRUE(p.op_samples.count({OpKind::ExpertMatMul, dt, one}))
+          << dtype_name(dt) << " " << one;
+    }
+  }
   for (const auto& [key, samples] : p.op_samples) {
     for (const OpSample& s : samples) {
       EXPECT_TRUE(std::isfinite(s.us) && s.us > 0.0) << op_key_name(key);
