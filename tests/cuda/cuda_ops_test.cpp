@@ -345,6 +345,39 @@ TEST(CudaOps, FusedExpertGateUpSwiGlu) {
   }
 }
 
+// A MoE layer's down ExpertMatMul (b one column per choice) and the MoeCombine of its output:
+// one launch in a captured segment, both outputs as the reference's.
+TEST(CudaOps, FusedExpertDownCombine) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType d : {DType::Q4_0, DType::Q8_0, DType::Q4_K}) {
+    for (int64_t t : {1, 3}) {
+      const int64_t K = 512, M = 160, E = 5, k = 2;
+      Graph g;
+      TensorId wd = g.weight("wd", d, {K, M, E});
+      TensorId b = g.input("b", DType::F32, {K, k, t});
+      TensorId ids = g.input("ids", DType::I32, {k, t});
+      TensorId weights = g.input("weights", DType::F32, {k, t});
+      TensorId experts = g.expert_matmul(wd, b, ids);
+      g.mark_output(experts);
+      g.mark_output(g.moe_combine(experts, weights));
+      std::vector<int32_t> chosen;
+      for (int64_t i = 0; i < t; ++i) {
+        chosen.push_back(int32_t((2 * i + 1) % E));
+        chosen.push_back(int32_t((2 * i + 4) % E));
+      }
+      const std::string what =
+          "fused expert down/combine " + std::string(dtype_name(d)) + " t=" + std::to_string(t);
+      const auto before = backend->graph_stats();
+      expect_close(compare_with_reference(g, *backend, {{ids, ints_bytes(chosen)}}, true), kMatmul,
+                   what);
+      const auto after = backend->graph_stats();
+      EXPECT_EQ(after.fused_nodes - before.fused_nodes, 2) << what;
+      expect_close(compare_with_reference(g, *backend, {{ids, ints_bytes(chosen)}}, false), kMatmul,
+                   what);
+    }
+  }
+}
+
 // MoeRoute and the MoeWeights of its ids: one launch in a captured segment; ids exact, weights
 // as the reference's (over all experts, or normalized over the chosen).
 TEST(CudaOps, FusedMoeRouteAndWeights) {

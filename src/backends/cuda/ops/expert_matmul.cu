@@ -102,6 +102,50 @@ __global__ __launch_bounds__(kWarps * 32) void expert_gate_up_kernel(
   }
 }
 
+// The down ExpertMatMul of a MoE layer's decode and the MoeCombine of its output: one launch
+// whose warps take row m of every chosen expert's matrix for one token t, write each choice's
+// product (the ExpertMatMul's output) and their sum weighted by w (the combine's, in the same
+// order as moe_combine_kernel).
+template <DType kType>
+__global__ __launch_bounds__(kWarps * 32) void expert_down_combine_kernel(
+    const uint8_t* a, int64_t row_stride, int64_t expert_stride, int64_t n_expert, int M, int64_t K,
+    const int8_t* bq, const float* bd, int64_t b_cols, const int32_t* ids, int k, const float* w,
+    float* experts_out, float* out, int32_t* error_flag) {
+  grid_dependency_wait();
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= M) return;
+  const int64_t t = blockIdx.y;
+  float acc = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const int64_t z = t * k + j, col = b_cols == 1 ? t : z;
+    const int32_t expert = ids[z];
+    float* eo = experts_out + z * M;
+    float v = 0.0f;
+    if (expert < 0 || expert >= n_expert) {
+      if (lane == 0) atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
+    } else {
+      const uint8_t* ar = a + expert * expert_stride + row * row_stride;
+      const int8_t* bqc = bq + col * K;
+      const float* bdc = bd + col * (K / kQBlock);
+      if constexpr (kType == DType::Q4_K || kType == DType::Q5_K || kType == DType::Q6_K) {
+        k_matvec_row<kType, 1>(ar, M, row, int(K / kSuperBlock), bqc, bdc, eo);
+        __syncwarp();
+        v = eo[row];  // lane 0 wrote it
+      } else {
+        const int8_t* const bqs[1] = {bqc};
+        const float* const bds[1] = {bdc};
+        float part[1];
+        quant_row_dot<kType, 1>(ar, int(K / kQBlock), bqs, bds, part);
+        v = warp_sum(part[0]);
+      }
+    }
+    if (lane == 0) eo[row] = v;
+    acc += w[z] * v;
+  }
+  if (lane == 0) out[t * M + row] = acc;
+}
+
 // ExpertMatMul over many tokens (prefill): the (token, choice) pairs grouped by expert on the
 // device, then each expert's rows read once per tile of up to kExpertTile pairs instead of once
 // per pair, and multiplied on the tensor cores. moe_group_kernel (one block) counts the pairs per
@@ -506,6 +550,40 @@ size_t run_fused_expert_gate_up(const OpContext& ctx, std::span<const NodeExecut
   };
   with_quantized_dtype(ga.dtype, [&](auto d) { go(expert_gate_up_kernel<d()>); });
   return 3;
+}
+
+size_t run_fused_expert_down_combine(const OpContext& ctx, std::span<const NodeExecution> segment) {
+  if (segment.size() < 2) return 0;
+  const NodeExecution &down = segment[0], &combine = segment[1];
+  if (!expert_matvec_fits(down) || expert_grouped(down) || combine.node->op != OpKind::MoeCombine) {
+    return 0;
+  }
+  const TensorDesc &a = *down.inputs[0].desc, &b = *down.inputs[1].desc, &id = *down.inputs[2].desc;
+  const TensorDesc &x = *down.output.desc, &w = *combine.inputs[1].desc,
+                   &out = *combine.output.desc;
+  if (combine.inputs[0].data != down.output.data || combine.inputs[0].desc->ne != x.ne ||
+      !x.is_contiguous() || w.dtype != DType::F32 || !w.is_contiguous() || w.ne[0] != id.ne[0] ||
+      w.ne[1] != id.ne[1] || out.dtype != DType::F32 || !out.is_contiguous() ||
+      (b.ne[1] != 1 && b.ne[1] != id.ne[0])) {
+    return 0;
+  }
+  const QuantizedB qb = quantize_b(ctx, b, down.inputs[1].data);
+  const int M = int(a.ne[1]);
+  const dim3 grid(unsigned((M + kWarps - 1) / kWarps), unsigned(id.ne[1]));
+  auto go = [&](auto kernel) {
+    ctx.check(
+        launch_programmatic(ctx.stream, grid, dim3(kWarps * 32), 0, kernel,
+                            static_cast<const uint8_t*>(down.inputs[0].data), int64_t(a.nb[1]),
+                            int64_t(a.nb[2]), a.ne[2], M, a.ne[0],
+                            static_cast<const int8_t*>(qb.bq), static_cast<const float*>(qb.bd),
+                            b.ne[1], static_cast<const int32_t*>(down.inputs[2].data),
+                            int(id.ne[0]), static_cast<const float*>(combine.inputs[1].data),
+                            static_cast<float*>(down.output.data),
+                            static_cast<float*>(combine.output.data), ctx.error_flag),
+        "expert_matmul + moe_combine", "kernel launch");
+  };
+  with_quantized_dtype(a.dtype, [&](auto d) { go(expert_down_combine_kernel<d()>); });
+  return 2;
 }
 
 bool launch_expert_matvec(const OpContext& ctx, const NodeExecution& e) {

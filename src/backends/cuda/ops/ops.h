@@ -88,14 +88,17 @@ size_t run_fused_half_matvecs(const OpContext& ctx, std::span<const NodeExecutio
 // - a residual Add and the RmsNorm of its sum (norm.cu);
 size_t run_fused_add_rms_norm(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - gate and up ExpertMatMul of one b and one set of ids (quantized weights, fewer than 8
-//   tokens) and the SwiGlu of their outputs (quantized_matmul.cu);
+//   tokens) and the SwiGlu of their outputs (expert_matmul.cu);
 size_t run_fused_expert_gate_up(const OpContext& ctx, std::span<const NodeExecution> segment);
+// - the down ExpertMatMul (quantized weights, fewer than 8 tokens) and the MoeCombine of its
+//   output (expert_matmul.cu);
+size_t run_fused_expert_down_combine(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - MoeRoute and the MoeWeights of its ids (moe.cu);
 size_t run_fused_moe_route_weights(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - RoPE of Q and K and the KV-cache writes of K and V at the same positions (rope.cu).
 size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecution> segment);
 // ExpertMatMul with quantized weights through the matrix-vector kernels (b quantized to int8
-// once; quantized_matmul.cu): false where they do not apply (moe.cu's element-wise kernel then
+// once; expert_matmul.cu): false where they do not apply (moe.cu's element-wise kernel then
 // runs it), and the scratch they need.
 bool launch_expert_matvec(const OpContext& ctx, const NodeExecution& e);
 size_t expert_matvec_scratch_bytes(const NodeExecution& e);
