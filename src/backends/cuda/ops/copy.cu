@@ -130,6 +130,54 @@ __global__ void q8_0_to_f16_kernel(const DeviceBlockQ8* src, __half* dst, int64_
   }
 }
 
+// K-quant super-blocks to f16 (the dense prefill's weight conversion), one warp per super-block:
+// lane l writes elements 8l..8l+7 as one 16-byte store, with load_k_quant's arithmetic per
+// element (so the output is bit for bit the generic kernel's). The generic kernel decoded every
+// element on its own, with a 64-bit division and the scale unpacking each time.
+template <DType kType>
+__global__ void k_quant_to_f16_kernel(const uint8_t* src, __half* dst, int64_t n_supers) {
+  constexpr int64_t kBytes = kType == DType::Q4_K   ? sizeof(BlockQ4_K)
+                             : kType == DType::Q5_K ? sizeof(BlockQ5_K)
+                                                    : sizeof(BlockQ6_K);
+  const int lane = threadIdx.x % 32, e0 = 8 * lane;
+  for (int64_t sb = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; sb < n_supers;
+       sb += int64_t(gridDim.x) * blockDim.x / 32) {
+    const uint8_t* blk = src + sb * kBytes;
+    float v[8];
+    if constexpr (kType == DType::Q6_K) {
+      const auto& b = *reinterpret_cast<const BlockQ6_K*>(blk);
+      const int h = e0 / 128, k = (e0 % 128) / 32, l = e0 % 32;
+      const float d = f16_bits_to_f32(b.d) * float(b.scales[8 * h + 2 * k + l / 16]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int low = (b.ql[64 * h + 32 * (k & 1) + l + i] >> (4 * (k >> 1))) & 0x0F;
+        const int high = (b.qh[32 * h + l + i] >> (2 * k)) & 3;
+        v[i] = d * float((low | (high << 4)) - 32);
+      }
+    } else {
+      const auto& b4 = *reinterpret_cast<const BlockQ4_K*>(blk);  // d, dmin, scales lead both
+      const int j = e0 / 32, l = e0 % 32;
+      uint8_t sc, m;
+      k_scale_min(j, b4.scales, sc, m);
+      const float d = f16_bits_to_f32(b4.d), dmin = f16_bits_to_f32(b4.dmin);
+      const uint8_t* qs =
+          kType == DType::Q4_K ? b4.qs : reinterpret_cast<const BlockQ5_K*>(blk)->qs;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        int q = (qs[32 * (j / 2) + l + i] >> (4 * (j % 2))) & 0x0F;
+        if constexpr (kType == DType::Q5_K) {
+          q |= ((reinterpret_cast<const BlockQ5_K*>(blk)->qh[l + i] >> j) & 1) << 4;
+        }
+        v[i] = d * float(sc) * float(q) - dmin * float(m);
+      }
+    }
+    uint16_t out[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = f32_to_f16_bits(v[i]);
+    *reinterpret_cast<uint4*>(dst + sb * kSuperBlock + e0) = *reinterpret_cast<const uint4*>(out);
+  }
+}
+
 constexpr int kThreads = 256;
 
 Layout layout_of(const TensorDesc& d) {
@@ -146,6 +194,19 @@ void convert_to_half(const OpContext& ctx, DType src_dtype, const void* src, voi
   } else if (!bf16 && src_dtype == DType::Q8_0) {
     q8_0_to_f16_kernel<<<grid_1d(n / kQBlock, kThreads), kThreads, 0, ctx.stream>>>(
         static_cast<const DeviceBlockQ8*>(src), static_cast<__half*>(dst), n / kQBlock);
+  } else if (!bf16 && is_k_quant(src_dtype) && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    const int64_t n_supers = n / kSuperBlock;
+    auto go = [&](auto kernel) {
+      kernel<<<grid_1d(n_supers * 32, kThreads), kThreads, 0, ctx.stream>>>(
+          static_cast<const uint8_t*>(src), static_cast<__half*>(dst), n_supers);
+    };
+    if (src_dtype == DType::Q4_K) {
+      go(k_quant_to_f16_kernel<DType::Q4_K>);
+    } else if (src_dtype == DType::Q5_K) {
+      go(k_quant_to_f16_kernel<DType::Q5_K>);
+    } else {
+      go(k_quant_to_f16_kernel<DType::Q6_K>);
+    }
   } else if (bf16) {
     to_half_kernel<true><<<grid_1d(n, kThreads), kThreads, 0, ctx.stream>>>(
         src, src_dtype, static_cast<uint16_t*>(dst), n);
