@@ -193,6 +193,10 @@ void fit_base_figures(BackendProfile& p) {
 
 namespace {
 
+// Where a decode step or a prompt's first token is timed: a short conversation's positions
+// (RoPE's sines and cosines cost more at larger angles).
+constexpr int64_t kFirstPosition = 20;
+
 struct Budget {
   int reps;             // timed runs per shape (after one warm-up)
   int tiny_reps;        // for the launch-cost op
@@ -497,8 +501,6 @@ class Calibrator {
     int64_t embd, heads, kv_heads, head_dim, ffn;
   };
   static constexpr int64_t kBlockCache = 256;
-  // A short conversation's position: RoPE's sines and cosines cost more at larger angles.
-  static constexpr int64_t kBlockPosition = 20;
 
   void measure_decode_block(const BlockShape& d) {
     Graph g;
@@ -540,7 +542,7 @@ class Calibrator {
           buffers[n.id] = b_.allocate(std::max<size_t>(t.bytes(), 1));
           continue;
         }
-        std::vector<uint8_t> data = host_data(t, kBlockPosition + 1, 0, rng_);
+        std::vector<uint8_t> data = host_data(t, kFirstPosition + 1, 0, rng_);
         buffers[n.id] = b_.allocate(data.size());
         b_.copy_from_host(buffers[n.id].data(), data.data(), data.size());
         if (n.op == OpKind::Weight && dtype_traits(t.dtype).is_quantized) streamed.push_back(n.id);
@@ -578,7 +580,7 @@ class Calibrator {
     std::map<std::tuple<OpKey, double, double>, std::vector<double>> pooled;
     for (size_t i = 0; i < execs.size(); ++i) {
       const Node& n = *execs[i].node;
-      // Attention here reads the cache up to kBlockPosition; its samples read all of it. The
+      // Attention here reads the cache up to kFirstPosition; its samples read all of it. The
       // first norm follows the flush and the lead-in, not an add as in a model: the second
       // norm stands for both.
       if (n.op == OpKind::Attention || i == 0) continue;
@@ -605,17 +607,19 @@ class Calibrator {
   }
 
   void measure_matmuls() {
-    // Weight shapes (n_in, n_out) spanning LLaMA 1B to 8B projections, one token and many.
+    // Weight shapes (n_in, n_out) spanning LLaMA 1B to 8B projections: one token, a short prompt
+    // (16) and many.
     struct Shape {
       int64_t k, m, tokens;
     };
     std::vector<Shape> shapes;
     if (options_.quick) {
-      shapes = {{1024, 1024, 1},   {2048, 8192, 1},   {4096, 14336, 1},  {1024, 1024, 32},
+      shapes = {{1024, 1024, 1},   {2048, 8192, 1},   {4096, 14336, 1},
+                {1024, 1024, 32},  {2048, 2048, 16},  {4096, 4096, 16},
                 {2048, 2048, 128}, {4096, 4096, 512}, {4096, 14336, 512}};
     } else {
-      shapes = {{1024, 1024, 1},  {2048, 2048, 1},   {4096, 4096, 1},
-                {2048, 8192, 1},  {4096, 14336, 1},  {1024, 1024, 16},
+      shapes = {{1024, 1024, 1},  {2048, 2048, 1},   {4096, 4096, 1},  {2048, 8192, 1},
+                {4096, 14336, 1}, {1024, 1024, 16},  {2048, 2048, 16}, {4096, 4096, 16},
                 {2048, 2048, 64}, {4096, 4096, 128}, {2048, 8192, 512}};
     }
     for (DType dt : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16,
@@ -661,11 +665,10 @@ class Calibrator {
     struct Shape {
       int64_t n, rows;
     };
-    std::vector<Shape> shapes = options_.quick
-                                    ? std::vector<Shape>{{2048, 1}, {14336, 1}, {4096, 512}}
-                                    : std::vector<Shape>{{2048, 1},  {4096, 1},   {14336, 1},
-                                                         {2048, 32}, {4096, 128}, {8192, 512}};
-    constexpr int64_t kRopePosition = 1000;
+    std::vector<Shape> shapes =
+        options_.quick ? std::vector<Shape>{{2048, 1}, {14336, 1}, {2048, 16}, {4096, 512}}
+                       : std::vector<Shape>{{2048, 1},  {4096, 1},   {14336, 1},
+                                            {2048, 32}, {4096, 128}, {8192, 512}};
     for (const Shape& s : shapes) {
       auto f32 = [&](Graph& g, const char* name) {
         return g.input(name, DType::F32, {s.n, s.rows});
@@ -707,8 +710,7 @@ class Calibrator {
         Graph g;
         TensorId x = g.input("x", DType::F32, {head_dim, s.n / head_dim, s.rows});
         TensorId pos = g.input("pos", DType::I32, {s.rows});
-        // Positions away from 0, where sin and cos take their general path.
-        record(g, g.rope(x, pos, int32_t(head_dim), 500000.0f), kRopePosition + s.rows);
+        record(g, g.rope(x, pos, int32_t(head_dim), 500000.0f), kFirstPosition + s.rows);
       }
       for (DType kv : {DType::F16, DType::F32}) {
         Graph g;
