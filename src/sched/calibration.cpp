@@ -209,24 +209,37 @@ constexpr double kQuickMaxRunUs = 20e3;
 // Host data for one tensor: random values in [-1, 1] (converted to its dtype), written one row
 // and then repeated, so a large weight costs one conversion; positions count up to `pos_end`
 // and row ids stay inside the table.
-std::vector<uint8_t> host_data(const TensorDesc& t, int64_t pos_end, int64_t id_limit,
-                               SplitMix64& rng) {
-  std::vector<uint8_t> out(t.bytes());
+void fill_host_data(const TensorDesc& t, int64_t pos_end, int64_t id_limit, SplitMix64& rng,
+                    uint8_t* out) {
   if (t.dtype == DType::I32) {
-    auto* v = reinterpret_cast<int32_t*>(out.data());
+    auto* v = reinterpret_cast<int32_t*>(out);
     const int64_t n = t.elements();
     for (int64_t i = 0; i < n; ++i) {
       v[i] = id_limit > 0 ? int32_t(rng.next() % uint64_t(id_limit)) : int32_t(pos_end - n + i);
     }
-    return out;
+    return;
   }
   const int64_t row = t.ne[0];
   std::vector<float> values(static_cast<size_t>(row));
   for (float& v : values) v = float(double(rng.next() >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-  const size_t rb = row_bytes(t.dtype, row);
-  from_f32(t.dtype, values.data(), out.data(), row);
-  for (size_t off = rb; off + rb <= out.size(); off += rb) std::memcpy(&out[off], out.data(), rb);
-  return out;
+  const size_t rb = row_bytes(t.dtype, row), bytes = t.bytes();
+  from_f32(t.dtype, values.data(), out, row);
+  for (size_t off = rb; off + rb <= bytes; off += rb) std::memcpy(out + off, out, rb);
+}
+
+// A buffer on `b` holding fill_host_data's values: written in place on host memory (a large
+// weight costs its page faults once), else through a host copy.
+Buffer buffer_with_data(Backend& b, const TensorDesc& t, int64_t pos_end, int64_t id_limit,
+                        SplitMix64& rng) {
+  Buffer buffer = b.allocate(std::max<size_t>(t.bytes(), 1));
+  if (b.host_accessible()) {
+    fill_host_data(t, pos_end, id_limit, rng, static_cast<uint8_t*>(buffer.data()));
+  } else {
+    std::vector<uint8_t> data(t.bytes());
+    fill_host_data(t, pos_end, id_limit, rng, data.data());
+    b.copy_from_host(buffer.data(), data.data(), data.size());
+  }
+  return buffer;
 }
 
 // In a model's graph an op's inputs were mostly written or streamed long enough before that the
@@ -352,9 +365,7 @@ class Calibrator {
         const TensorDesc& t = g.tensor(in);
         // Only a get_rows' row ids index a table; other I32 inputs are positions.
         const int64_t limit = node.op == OpKind::GetRows && i == 1 ? id_limit : 0;
-        std::vector<uint8_t> data = host_data(t, pos_end, limit, rng_);
-        buffers[in] = b_.allocate(data.size());
-        b_.copy_from_host(buffers[in].data(), data.data(), data.size());
+        buffers[in] = buffer_with_data(b_, t, pos_end, limit, rng_);
       }
       const bool aliases = op_descriptor(node.op).aliases_output;
       if (!aliases) buffers[node_id] = b_.allocate(std::max<size_t>(g.tensor(node_id).bytes(), 1));
@@ -419,9 +430,7 @@ class Calibrator {
       p.b = p.g.input("b", DType::F32, {kLeadInInputs, 1});
       p.c = p.g.matmul(p.w, p.b);
       for (TensorId id : {p.w, p.b}) {
-        std::vector<uint8_t> data = host_data(p.g.tensor(id), 0, 0, rng_);
-        p.buffers[id] = b_.allocate(data.size());
-        b_.copy_from_host(p.buffers[id].data(), data.data(), data.size());
+        p.buffers[id] = buffer_with_data(b_, p.g.tensor(id), 0, 0, rng_);
       }
       p.buffers[p.c] = b_.allocate(size_t(kLeadInRows) * sizeof(float));
     }
@@ -542,9 +551,7 @@ class Calibrator {
           buffers[n.id] = b_.allocate(std::max<size_t>(t.bytes(), 1));
           continue;
         }
-        std::vector<uint8_t> data = host_data(t, kFirstPosition + 1, 0, rng_);
-        buffers[n.id] = b_.allocate(data.size());
-        b_.copy_from_host(buffers[n.id].data(), data.data(), data.size());
+        buffers[n.id] = buffer_with_data(b_, t, kFirstPosition + 1, 0, rng_);
         if (n.op == OpKind::Weight && dtype_traits(t.dtype).is_quantized) streamed.push_back(n.id);
       }
     } catch (const Error& e) {
@@ -802,64 +809,6 @@ class Calibrator {
 
 BackendProfile calibrate_backend(Backend& backend, const CalibrationOptions& options) {
   return Calibrator(backend, options).run();
-}
-
-// ---- estimates against measurements ----
-
-EstimateReport estimate_report(std::span<const ExecutionEvent> events) {
-  EstimateReport report;
-  std::vector<double> all;
-  std::map<std::string, std::vector<double>> errors;
-  std::map<std::string, EstimateError> types;
-  for (const ExecutionEvent& e : events) {
-    if (e.kind != EventKind::Op || !(e.actual_us > 0.0)) continue;
-    const double err = std::abs(e.estimated_us - e.actual_us) / e.actual_us;
-    const std::string type = std::string(op_name(e.op)) + " on " + e.backend;
-    all.push_back(err);
-    errors[type].push_back(err);
-    EstimateError& t = types[type];
-    t.op_type = type;
-    ++t.count;
-    t.estimated_us += e.estimated_us;
-    t.actual_us += e.actual_us;
-  }
-  report.ops = all.size();
-  if (all.empty()) return report;
-  report.median_abs_error = median(std::move(all));
-  for (auto& [type, t] : types) {
-    t.median_abs_error = median(std::move(errors[type]));
-    report.by_type.push_back(t);
-  }
-  return report;
-}
-
-void print_estimate_report(const EstimateReport& report, std::ostream& os) {
-  if (report.ops == 0) return;
-  char line[256];
-  std::snprintf(line, sizeof line, "estimate vs actual: median |error| %.1f%% over %zu timed ops\n",
-                100.0 * report.median_abs_error, report.ops);
-  os << line;
-  std::snprintf(line, sizeof line, "  %-30s %6s %12s %12s %8s %9s\n", "op type", "ops", "est_us",
-                "actual_us", "act/est", "med|err|");
-  os << line;
-  std::string strays;
-  for (const EstimateError& t : report.by_type) {
-    const double ratio = t.estimated_us > 0 ? t.actual_us / t.estimated_us : 0.0;
-    std::snprintf(line, sizeof line, "  %-30s %6zu %12.0f %12.0f %7.2fx %8.1f%%\n",
-                  t.op_type.c_str(), t.count, t.estimated_us, t.actual_us, ratio,
-                  100.0 * t.median_abs_error);
-    os << line;
-    if (ratio > kEstimateStrayFactor || ratio < 1.0 / kEstimateStrayFactor) {
-      std::snprintf(line, sizeof line, "  %s: actual %.2fx the estimate\n", t.op_type.c_str(),
-                    ratio);
-      strays += line;
-    }
-  }
-  if (!strays.empty()) {
-    std::snprintf(line, sizeof line, "estimates off by more than %.1fx (either way):\n",
-                  kEstimateStrayFactor);
-    os << line << strays;
-  }
 }
 
 }  // namespace tandem
