@@ -3,6 +3,7 @@
 // JSON) that turn them into time.
 //
 //   roofline_us = max(flops / peak_flops[dtype class], bytes / memory_bandwidth)
+//                 (a one-token product: bytes / memory_bandwidth alone)
 //   compute_us  = (roofline_us * efficiency(op key, roofline_us) + launch_us) * learned factor
 //   transfer_us = sum over inputs not resident on the backend of hops * (bytes / link + latency),
 //                 a weight's divided by the runs its one upload serves (weight_runs)

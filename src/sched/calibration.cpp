@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -192,6 +193,10 @@ void fit_base_figures(BackendProfile& p) {
 
 namespace {
 
+// Where a decode step or a prompt's first token is timed: a short conversation's positions
+// (RoPE's sines and cosines cost more at larger angles).
+constexpr int64_t kFirstPosition = 20;
+
 struct Budget {
   int reps;             // timed runs per shape (after one warm-up)
   int tiny_reps;        // for the launch-cost op
@@ -204,24 +209,37 @@ constexpr double kQuickMaxRunUs = 20e3;
 // Host data for one tensor: random values in [-1, 1] (converted to its dtype), written one row
 // and then repeated, so a large weight costs one conversion; positions count up to `pos_end`
 // and row ids stay inside the table.
-std::vector<uint8_t> host_data(const TensorDesc& t, int64_t pos_end, int64_t id_limit,
-                               SplitMix64& rng) {
-  std::vector<uint8_t> out(t.bytes());
+void fill_host_data(const TensorDesc& t, int64_t pos_end, int64_t id_limit, SplitMix64& rng,
+                    uint8_t* out) {
   if (t.dtype == DType::I32) {
-    auto* v = reinterpret_cast<int32_t*>(out.data());
+    auto* v = reinterpret_cast<int32_t*>(out);
     const int64_t n = t.elements();
     for (int64_t i = 0; i < n; ++i) {
       v[i] = id_limit > 0 ? int32_t(rng.next() % uint64_t(id_limit)) : int32_t(pos_end - n + i);
     }
-    return out;
+    return;
   }
   const int64_t row = t.ne[0];
   std::vector<float> values(static_cast<size_t>(row));
   for (float& v : values) v = float(double(rng.next() >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-  const size_t rb = row_bytes(t.dtype, row);
-  from_f32(t.dtype, values.data(), out.data(), row);
-  for (size_t off = rb; off + rb <= out.size(); off += rb) std::memcpy(&out[off], out.data(), rb);
-  return out;
+  const size_t rb = row_bytes(t.dtype, row), bytes = t.bytes();
+  from_f32(t.dtype, values.data(), out, row);
+  for (size_t off = rb; off + rb <= bytes; off += rb) std::memcpy(out + off, out, rb);
+}
+
+// A buffer on `b` holding fill_host_data's values: written in place on host memory (a large
+// weight costs its page faults once), else through a host copy.
+Buffer buffer_with_data(Backend& b, const TensorDesc& t, int64_t pos_end, int64_t id_limit,
+                        SplitMix64& rng) {
+  Buffer buffer = b.allocate(std::max<size_t>(t.bytes(), 1));
+  if (b.host_accessible()) {
+    fill_host_data(t, pos_end, id_limit, rng, static_cast<uint8_t*>(buffer.data()));
+  } else {
+    std::vector<uint8_t> data(t.bytes());
+    fill_host_data(t, pos_end, id_limit, rng, data.data());
+    b.copy_from_host(buffer.data(), data.data(), data.size());
+  }
+  return buffer;
 }
 
 // In a model's graph an op's inputs were mostly written or streamed long enough before that the
@@ -298,6 +316,14 @@ class Calibrator {
     profile_.op_samples.clear();
     profile_.learned.clear();
     measure_launch();
+    if (b_.kind() == BackendKind::Cpu && b_.host_accessible()) {
+      // LLaMA 3.2 1B's and 3.1 8B's layers.
+      for (const BlockShape& d :
+           {BlockShape{2048, 32, 8, 64, 8192}, BlockShape{4096, 32, 8, 128, 14336}}) {
+        measure_decode_block(d);
+      }
+      say("decode blocks");
+    }
     measure_matmuls();
     measure_experts();
     measure_attention();
@@ -343,9 +369,7 @@ class Calibrator {
         const bool ids =
             (node.op == OpKind::GetRows && i == 1) || (node.op == OpKind::ExpertMatMul && i == 2);
         const int64_t limit = ids ? id_limit : 0;
-        std::vector<uint8_t> data = host_data(t, pos_end, limit, rng_);
-        buffers[in] = b_.allocate(data.size());
-        b_.copy_from_host(buffers[in].data(), data.data(), data.size());
+        buffers[in] = buffer_with_data(b_, t, pos_end, limit, rng_);
       }
       const bool aliases = op_descriptor(node.op).aliases_output;
       if (!aliases) buffers[node_id] = b_.allocate(std::max<size_t>(g.tensor(node_id).bytes(), 1));
@@ -386,20 +410,50 @@ class Calibrator {
   // which still poll for work when this op starts. After a flush (milliseconds) the workers
   // sleep and every input is in DRAM: waking them alone cost a one-token matrix-vector product a
   // quarter more than in a graph (1B, 16 threads), and reading cold activations made one-token
-  // elementwise ops 2-3x dearer. So each F32 activation input is rewritten in place (x + 0) by
-  // the pool just before the timed run; weights and KV caches stay flushed. An op without one
-  // still finds the workers awake (a tiny op on buffers of its own).
+  // elementwise ops 2-3x dearer. So each F32 activation input is rewritten in place (x + 0) just
+  // before the timed run; weights and KV caches stay flushed. Then a small one-token product runs,
+  // as one precedes most ops of a decode step: it wakes the workers (a rewrite shorter than the
+  // pool's grain runs on the caller alone) and leaves the translation caches as a product does.
   void prepare_like_a_graph(const Graph& g, const Node& node,
                             const std::map<TensorId, Buffer>& buffers) {
-    bool wrote = false;
     for (TensorId in : node.inputs) {
       if (g.node(in).op != OpKind::Input || g.tensor(in).dtype != DType::F32) continue;
       rewrite(buffers.at(in).data(), g.tensor(in).elements());
-      wrote = true;
     }
-    if (!wrote) rewrite(nullptr, 16);
+    lead_in();
   }
-  // x + 0 into x over n floats (x == nullptr: a buffer of the rewriter's own).
+  // A one-token q4_0 product of about a small decode projection's weight (1B's 2048 x 2048 is
+  // 2.4 MB), writing a buffer of its own with the pool as a projection does.
+  static constexpr int64_t kLeadInRows = 2048;
+  static constexpr int64_t kLeadInInputs = 2560;
+  void lead_in() {
+    if (!lead_in_) {
+      lead_in_ = std::make_unique<LeadIn>();
+      LeadIn& p = *lead_in_;
+      p.w = p.g.weight("w", DType::Q4_0, {kLeadInInputs, kLeadInRows});
+      p.b = p.g.input("b", DType::F32, {kLeadInInputs, 1});
+      p.c = p.g.matmul(p.w, p.b);
+      p.runs = b_.can_execute(p.g, p.g.node(p.c));
+      if (!p.runs) return;  // a host backend without q4_0 products: no lead-in
+      for (TensorId id : {p.w, p.b}) {
+        p.buffers[id] = buffer_with_data(b_, p.g.tensor(id), 0, 0, rng_);
+      }
+      p.buffers[p.c] = b_.allocate(size_t(kLeadInRows) * sizeof(float));
+    }
+    LeadIn& p = *lead_in_;
+    if (!p.runs) return;
+    b_.execute(p.g, execution_of(p.g, p.g.node(p.c),
+                                 [&](TensorId id) { return p.buffers.at(id).data(); }));
+  }
+  struct LeadIn {
+    Graph g;
+    TensorId w = kNoTensor, b = kNoTensor, c = kNoTensor;
+    bool runs = false;
+    std::map<TensorId, Buffer> buffers;
+  };
+  std::unique_ptr<LeadIn> lead_in_;
+
+  // x + 0 into x over n floats.
   void rewrite(void* x, int64_t n) {
     auto& r = rewriters_[n];
     if (!r) {
@@ -408,19 +462,16 @@ class Calibrator {
       r->z = r->g.input("z", DType::F32, {n});
       r->c = r->g.add(r->x, r->z);
       r->zeros = b_.allocate(size_t(n) * sizeof(float));
-      r->own = b_.allocate(size_t(n) * sizeof(float));
       std::memset(r->zeros.data(), 0, size_t(n) * sizeof(float));
-      std::memset(r->own.data(), 0, size_t(n) * sizeof(float));
     }
-    void* target = x ? x : r->own.data();
     NodeExecution exec = execution_of(
-        r->g, r->g.node(r->c), [&](TensorId id) { return id == r->z ? r->zeros.data() : target; });
+        r->g, r->g.node(r->c), [&](TensorId id) { return id == r->z ? r->zeros.data() : x; });
     b_.execute(r->g, exec);
   }
   struct Rewriter {
     Graph g;
     TensorId x = kNoTensor, z = kNoTensor, c = kNoTensor;
-    Buffer zeros, own;
+    Buffer zeros;
   };
   std::map<int64_t, std::unique_ptr<Rewriter>> rewriters_;
 
@@ -440,13 +491,125 @@ class Calibrator {
     const OpKey key = op_key(g, node);
     const auto known = profile_.op_samples.find(key);
     if (known != profile_.op_samples.end() && too_slow_for_quick(w, known->second)) return;
+    if (known != profile_.op_samples.end() && has_sample(known->second, w)) return;
     double us = 0.0;
     if (!time_node(g, node_id, budget_.reps, pos_end, id_limit, us)) return;
+    add_sample(key, w, us);
+  }
+
+  // A shape the decode block measured in place is not measured again alone.
+  static bool has_sample(const std::vector<OpSample>& samples, const OpWork& w) {
+    return std::any_of(samples.begin(), samples.end(),
+                       [&](const OpSample& s) { return s.flops == w.flops && s.bytes == w.bytes; });
+  }
+  void add_sample(const OpKey& key, const OpWork& w, double us) {
     std::vector<OpSample>& samples = profile_.op_samples[key];
     samples.push_back({w.flops, w.bytes, std::max(us, 1e-3)});
     std::sort(samples.begin(), samples.end(), [](const OpSample& a, const OpSample& b) {
       return a.flops + a.bytes < b.flops + b.bytes;
     });
+  }
+
+  // One decode layer of a LLaMA model with these dimensions, run op after op as `run --stats`
+  // runs a graph, its products' weights flushed before each pass. Timed alone, a one-token op of
+  // a few microseconds misses what it finds in a graph (inputs written by other threads, code and
+  // pages cold after a product, small weights still in a large L3), either way by up to 3x.
+  struct BlockShape {
+    int64_t embd, heads, kv_heads, head_dim, ffn;
+  };
+  static constexpr int64_t kBlockCache = 256;
+
+  void measure_decode_block(const BlockShape& d) {
+    Graph g;
+    const int64_t q_rows = d.heads * d.head_dim, kv_rows = d.kv_heads * d.head_dim;
+    TensorId x = g.input("x", DType::F32, {d.embd, 1});
+    TensorId pos = g.input("pos", DType::I32, {1});
+    TensorId kc = g.kv_cache("k", DType::F16, {d.head_dim, d.kv_heads, kBlockCache});
+    TensorId vc = g.kv_cache("v", DType::F16, {d.head_dim, d.kv_heads, kBlockCache});
+    auto weight = [&](const char* name, int64_t k, int64_t m) {
+      return g.weight(name, DType::Q4_0, {k, m});
+    };
+    TensorId h = g.rms_norm(x, g.weight("attn_norm", DType::F32, {d.embd}), 1e-5f);
+    TensorId q = g.reshape(g.matmul(weight("wq", d.embd, q_rows), h), {d.head_dim, d.heads, 1});
+    TensorId k = g.reshape(g.matmul(weight("wk", d.embd, kv_rows), h), {d.head_dim, d.kv_heads, 1});
+    TensorId v = g.reshape(g.matmul(weight("wv", d.embd, kv_rows), h), {d.head_dim, d.kv_heads, 1});
+    const int32_t n_rot = int32_t(d.head_dim);
+    q = g.rope(q, pos, n_rot, 500000.0f);
+    k = g.rope(k, pos, n_rot, 500000.0f);
+    TensorId kw = g.kv_write(kc, k, pos), vw = g.kv_write(vc, v, pos);
+    TensorId a =
+        g.reshape(g.attention(q, kw, vw, pos, 1.0f / std::sqrt(float(d.head_dim))), {q_rows, 1});
+    TensorId r = g.add(x, g.matmul(weight("wo", q_rows, d.embd), a));
+    TensorId f = g.rms_norm(r, g.weight("ffn_norm", DType::F32, {d.embd}), 1e-5f);
+    TensorId s = g.swiglu(g.matmul(weight("gate", d.embd, d.ffn), f),
+                          g.matmul(weight("up", d.embd, d.ffn), f));
+    // The layer's output is the next one's input: the last add writes x, as in a model.
+    const TensorId out = g.add(r, g.matmul(weight("down", d.ffn, d.embd), s));
+
+    const Clock::time_point setup = Clock::now();
+    std::map<TensorId, Buffer> buffers;
+    std::vector<TensorId> streamed;  // weights of the products: flushed before every pass
+    try {
+      for (const Node& n : g.nodes()) {
+        const TensorDesc& t = g.tensor(n.id);
+        if (t.is_view() || n.id == out) continue;
+        if (is_compute(n.op)) {
+          // A backend that cannot run the block keeps the isolated measurements alone.
+          if (!b_.can_execute(g, n)) return;
+          buffers[n.id] = b_.allocate(std::max<size_t>(t.bytes(), 1));
+          continue;
+        }
+        buffers[n.id] = buffer_with_data(b_, t, kFirstPosition + 1, 0, rng_);
+        if (n.op == OpKind::Weight && dtype_traits(t.dtype).is_quantized) streamed.push_back(n.id);
+      }
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::OutOfMemory) throw;
+      return;
+    }
+    auto data_of = [&](TensorId id) {
+      const TensorDesc& t = g.tensor(id);
+      auto* base = static_cast<uint8_t*>(buffers.at(id == out ? x : g.storage_of(id)).data());
+      return static_cast<void*>(base + (t.is_view() ? t.view_offset : 0));
+    };
+    std::vector<NodeExecution> execs;
+    for (const Node& n : g.nodes()) {
+      if (is_compute(n.op)) execs.push_back(execution_of(g, n, data_of));
+    }
+    spent_.setup += seconds_since(setup);
+    std::vector<std::vector<double>> times(execs.size());
+    for (int pass = 0; pass <= budget_.reps; ++pass) {  // pass 0 warms up
+      const Clock::time_point flush = Clock::now();
+      for (TensorId w : streamed) flush_from_caches(buffers[w].data(), buffers[w].bytes());
+      spent_.flush += seconds_since(flush);
+      const Clock::time_point run = Clock::now();
+      lead_in();  // wakes the pool after the flush
+      for (size_t i = 0; i < execs.size(); ++i) {
+        b_.timer_start();
+        b_.execute(g, execs[i]);
+        const double us = b_.timer_stop_us();
+        if (pass > 0) times[i].push_back(us);
+      }
+      spent_.runs += seconds_since(run);
+    }
+    // Ops of the same key and work (k and v, the two adds) make one sample.
+    std::map<std::tuple<OpKey, double, double>, std::vector<double>> pooled;
+    for (size_t i = 0; i < execs.size(); ++i) {
+      const Node& n = *execs[i].node;
+      // Attention here reads the cache up to kFirstPosition; its samples read all of it. The
+      // first norm follows the flush and the lead-in, not an add as in a model: the second
+      // norm stands for both.
+      if (n.op == OpKind::Attention || i == 0) continue;
+      const OpWork w = op_work(g, n);
+      auto& t = pooled[{op_key(g, n), w.flops, w.bytes}];
+      t.insert(t.end(), times[i].begin(), times[i].end());
+    }
+    for (auto& [what, t] : pooled) {
+      const auto& [key, flops, bytes] = what;
+      OpWork w;
+      w.flops = flops;
+      w.bytes = bytes;
+      add_sample(key, w, median(std::move(t)));
+    }
   }
 
   void measure_launch() {
@@ -459,17 +622,19 @@ class Calibrator {
   }
 
   void measure_matmuls() {
-    // Weight shapes (n_in, n_out) spanning LLaMA 1B to 8B projections, one token and many.
+    // Weight shapes (n_in, n_out) spanning LLaMA 1B to 8B projections: one token, a short prompt
+    // (16) and many.
     struct Shape {
       int64_t k, m, tokens;
     };
     std::vector<Shape> shapes;
     if (options_.quick) {
-      shapes = {{1024, 1024, 1},   {2048, 8192, 1},   {4096, 14336, 1},  {1024, 1024, 32},
+      shapes = {{1024, 1024, 1},   {2048, 8192, 1},   {4096, 14336, 1},
+                {1024, 1024, 32},  {2048, 2048, 16},  {4096, 4096, 16},
                 {2048, 2048, 128}, {4096, 4096, 512}, {4096, 14336, 512}};
     } else {
-      shapes = {{1024, 1024, 1},  {2048, 2048, 1},   {4096, 4096, 1},
-                {2048, 8192, 1},  {4096, 14336, 1},  {1024, 1024, 16},
+      shapes = {{1024, 1024, 1},  {2048, 2048, 1},   {4096, 4096, 1},  {2048, 8192, 1},
+                {4096, 14336, 1}, {1024, 1024, 16},  {2048, 2048, 16}, {4096, 4096, 16},
                 {2048, 2048, 64}, {4096, 4096, 128}, {2048, 8192, 512}};
     }
     for (DType dt : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16,
@@ -534,11 +699,10 @@ class Calibrator {
     struct Shape {
       int64_t n, rows;
     };
-    std::vector<Shape> shapes = options_.quick
-                                    ? std::vector<Shape>{{2048, 1}, {14336, 1}, {4096, 512}}
-                                    : std::vector<Shape>{{2048, 1},  {4096, 1},   {14336, 1},
-                                                         {2048, 32}, {4096, 128}, {8192, 512}};
-    constexpr int64_t kRopePosition = 1000;
+    std::vector<Shape> shapes =
+        options_.quick ? std::vector<Shape>{{2048, 1}, {14336, 1}, {2048, 16}, {4096, 512}}
+                       : std::vector<Shape>{{2048, 1},  {4096, 1},   {14336, 1},
+                                            {2048, 32}, {4096, 128}, {8192, 512}};
     for (const Shape& s : shapes) {
       auto f32 = [&](Graph& g, const char* name) {
         return g.input(name, DType::F32, {s.n, s.rows});
@@ -580,8 +744,7 @@ class Calibrator {
         Graph g;
         TensorId x = g.input("x", DType::F32, {head_dim, s.n / head_dim, s.rows});
         TensorId pos = g.input("pos", DType::I32, {s.rows});
-        // Positions away from 0, where sin and cos take their general path.
-        record(g, g.rope(x, pos, int32_t(head_dim), 500000.0f), kRopePosition + s.rows);
+        record(g, g.rope(x, pos, int32_t(head_dim), 500000.0f), kFirstPosition + s.rows);
       }
       for (DType kv : {DType::F16, DType::F32}) {
         Graph g;
@@ -673,64 +836,6 @@ class Calibrator {
 
 BackendProfile calibrate_backend(Backend& backend, const CalibrationOptions& options) {
   return Calibrator(backend, options).run();
-}
-
-// ---- estimates against measurements ----
-
-EstimateReport estimate_report(std::span<const ExecutionEvent> events) {
-  EstimateReport report;
-  std::vector<double> all;
-  std::map<std::string, std::vector<double>> errors;
-  std::map<std::string, EstimateError> types;
-  for (const ExecutionEvent& e : events) {
-    if (e.kind != EventKind::Op || !(e.actual_us > 0.0)) continue;
-    const double err = std::abs(e.estimated_us - e.actual_us) / e.actual_us;
-    const std::string type = std::string(op_name(e.op)) + " on " + e.backend;
-    all.push_back(err);
-    errors[type].push_back(err);
-    EstimateError& t = types[type];
-    t.op_type = type;
-    ++t.count;
-    t.estimated_us += e.estimated_us;
-    t.actual_us += e.actual_us;
-  }
-  report.ops = all.size();
-  if (all.empty()) return report;
-  report.median_abs_error = median(std::move(all));
-  for (auto& [type, t] : types) {
-    t.median_abs_error = median(std::move(errors[type]));
-    report.by_type.push_back(t);
-  }
-  return report;
-}
-
-void print_estimate_report(const EstimateReport& report, std::ostream& os) {
-  if (report.ops == 0) return;
-  char line[256];
-  std::snprintf(line, sizeof line, "estimate vs actual: median |error| %.1f%% over %zu timed ops\n",
-                100.0 * report.median_abs_error, report.ops);
-  os << line;
-  std::snprintf(line, sizeof line, "  %-30s %6s %12s %12s %8s %9s\n", "op type", "ops", "est_us",
-                "actual_us", "act/est", "med|err|");
-  os << line;
-  std::string strays;
-  for (const EstimateError& t : report.by_type) {
-    const double ratio = t.estimated_us > 0 ? t.actual_us / t.estimated_us : 0.0;
-    std::snprintf(line, sizeof line, "  %-30s %6zu %12.0f %12.0f %7.2fx %8.1f%%\n",
-                  t.op_type.c_str(), t.count, t.estimated_us, t.actual_us, ratio,
-                  100.0 * t.median_abs_error);
-    os << line;
-    if (ratio > kEstimateStrayFactor || ratio < 1.0 / kEstimateStrayFactor) {
-      std::snprintf(line, sizeof line, "  %s: actual %.2fx the estimate\n", t.op_type.c_str(),
-                    ratio);
-      strays += line;
-    }
-  }
-  if (!strays.empty()) {
-    std::snprintf(line, sizeof line, "estimates off by more than %.1fx (either way):\n",
-                  kEstimateStrayFactor);
-    os << line << strays;
-  }
 }
 
 }  // namespace tandem

@@ -180,11 +180,22 @@ OpKey sampled_key(const OpKey& key, const BackendProfile& profile) {
   return proxy;
 }
 
+// A matrix-vector product reads each weight once for two flops: memory bound wherever it runs,
+// even where the peak of a product over many tokens is below the rate its bytes arrive at (a few
+// CPU threads), so its time and its samples' scale with bytes alone.
+double key_roofline_us(const OpWork& w, const OpKey& key, const BackendProfile& profile) {
+  const bool vector_product =
+      key.one_token && (key.op == OpKind::MatMul || key.op == OpKind::QuantizedMatMul);
+  if (vector_product && profile.memory_bandwidth_gbs > 0)
+    return w.bytes / (profile.memory_bandwidth_gbs * 1e3);
+  return CostModel::roofline_us(w, profile);
+}
+
 }  // namespace
 
 double CostModel::calibrated_compute_us(const OpWork& w, const OpKey& key,
                                         const BackendProfile& profile) {
-  const double roofline = roofline_us(w, profile);
+  const double roofline = key_roofline_us(w, key, profile);
   const auto it = profile.op_samples.find(sampled_key(key, profile));
   if (it == profile.op_samples.end() || it->second.empty() || roofline <= 0.0)
     return roofline + profile.launch_us;
@@ -198,7 +209,7 @@ double CostModel::calibrated_compute_us(const OpWork& w, const OpKey& key,
     OpWork sw = w;
     sw.flops = s.flops;
     sw.bytes = s.bytes;
-    const double r = std::max(roofline_us(sw, profile), 1e-9);
+    const double r = std::max(key_roofline_us(sw, key, profile), 1e-9);
     return std::pair{r, std::max(s.us - profile.launch_us, 0.0) / r};
   };
   auto [r0, e0] = point(samples.front());

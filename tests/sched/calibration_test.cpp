@@ -3,6 +3,7 @@
 // calibration of the CPU backend giving sane numbers (never its speed).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -154,6 +155,35 @@ TEST(Calibration, EstimateMatchesSamplesAndInterpolatesBetween) {
   Graph g;
   TensorId m = g.mul(g.input("a", DType::F32, {1000}), g.input("b", DType::F32, {1000}));
   EXPECT_NEAR(CostModel::estimate(g, g.node(m), p).compute_us, 1.0 + 1.2, 1e-9);
+}
+
+TEST(Calibration, OneTokenProductsScaleWithTheirBytes) {
+  // A peak of 10 GFLOP/s would make every q4_0 matrix-vector product compute bound (2 flops per
+  // 0.5625 bytes) and two weights of 2048 x 512 and 1024 x 1024 the same size; a one-token
+  // product is bound by its bytes, so each takes its own sample, and between samples of the same
+  // efficiency the time follows the bytes.
+  BackendProfile p = CostModel::default_profile(BackendKind::Cpu);
+  p.launch_us = 0.0;
+  p.peak_gflops.fill(10.0);
+  p.memory_bandwidth_gbs = 10.0;
+  auto product = [](Graph& g, int64_t k, int64_t m) {
+    return g.matmul(g.weight("w", DType::Q4_0, {k, m}), g.input("x", DType::F32, {k, 1}));
+  };
+  Graph square, wide, big;
+  const TensorId s = product(square, 1024, 1024), w = product(wide, 2048, 512),
+                 b = product(big, 4096, 4096);
+  const OpKey key = op_key(square, square.node(s));
+  auto sample = [](const Graph& g, TensorId id, double efficiency) {
+    const OpWork work = op_work(g, g.node(id));
+    return OpSample{work.flops, work.bytes, efficiency * work.bytes / 1e4};
+  };
+  p.op_samples[key] = {sample(square, s, 3.0), sample(wide, w, 2.0)};
+  EXPECT_NEAR(CostModel::estimate(square, square.node(s), p).compute_us, p.op_samples[key][0].us,
+              1e-9);
+  EXPECT_NEAR(CostModel::estimate(wide, wide.node(w), p).compute_us, p.op_samples[key][1].us, 1e-9);
+  // Beyond the samples the largest one's efficiency holds over the bytes (not the flops).
+  EXPECT_NEAR(CostModel::estimate(big, big.node(b), p).compute_us,
+              2.0 * op_work(big, big.node(b)).bytes / 1e4, 1e-6);
 }
 
 TEST(Calibration, OpKeysSeparateOneTokenProducts) {
@@ -440,6 +470,37 @@ TEST(Calibration, QuickCpuCalibrationIsSaneAndCached) {
   EXPECT_EQ(log.str(), "");
   EXPECT_EQ(again.path, loaded.path);
   EXPECT_DOUBLE_EQ(again.model.profile(*cpu).launch_us, p.launch_us);
+}
+
+TEST(Calibration, CpuTimesTheOpsOfADecodeLayerAtTheirOwnShapes) {
+  // One-token ops of a 1B layer that no isolated shape matches (k and v are 8 heads of 64): the
+  // decode layer run in place gives each a sample of its own, and the estimate of such a node is
+  // that sample's time.
+  auto cpu = create_backend("cpu", BackendOptions{1});
+  CalibrationOptions quick;
+  quick.quick = true;
+  const BackendProfile p = calibrate_backend(*cpu, quick);
+  Graph g;
+  TensorId h = g.input("h", DType::F32, {2048, 1});
+  TensorId pos = g.input("pos", DType::I32, {1});
+  TensorId k = g.reshape(g.matmul(g.weight("wk", DType::Q4_0, {2048, 512}), h), {64, 8, 1});
+  TensorId roped = g.rope(k, pos, 64, 500000.0f);
+  TensorId written = g.kv_write(g.kv_cache("k", DType::F16, {64, 8, 256}), roped, pos);
+  TensorId gate = g.input("gate", DType::F32, {8192, 1});
+  TensorId glu = g.swiglu(gate, g.input("up", DType::F32, {8192, 1}));
+  for (TensorId id : {g.node(k).inputs[0], roped, written, glu}) {
+    const Node& n = g.node(id);
+    const OpKey key = op_key(g, n);
+    const OpWork w = op_work(g, n);
+    ASSERT_TRUE(p.op_samples.count(key)) << op_key_name(key);
+    const std::vector<OpSample>& samples = p.op_samples.at(key);
+    const auto same = std::find_if(samples.begin(), samples.end(), [&](const OpSample& s) {
+      return s.flops == w.flops && s.bytes == w.bytes;
+    });
+    ASSERT_NE(same, samples.end()) << op_key_name(key) << " has no sample at its shape";
+    EXPECT_NEAR(CostModel::estimate(g, n, p).compute_us, same->us, 1e-6 * same->us)
+        << op_key_name(key);
+  }
 }
 
 TEST(Calibration, DeviceLinkIsFittedEachWayAndOnlyDeclaredOpsAreTimed) {
