@@ -1,7 +1,7 @@
 // The pipeline over NCCL: one communicator of all ranks, nonblocking, so that every wait can
 // give up (a rank that died, a host unreachable) and abort the communicator instead of hanging.
 // Host messages go through a staging buffer on the rank's GPU, on a stream of the transport's
-// own.
+// own; each operation is waited for (polling, bounded) before the next starts.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -119,9 +119,8 @@ class NcclTransport final : public PipelineTransport {
     stage(bytes);
     settle(ncclRecv(staging_, bytes, ncclUint8, peer, comm_, stream_),
            "receiving from " + of(peer));
-    check_cuda(cudaMemcpyAsync(data, staging_, bytes, cudaMemcpyDeviceToHost, stream_), where(),
-               "copy from the staging buffer");
     wait("receiving from " + of(peer));
+    unstage(data, bytes);
   }
 
   void broadcast(void* data, size_t bytes, int root) override {
@@ -135,11 +134,8 @@ class NcclTransport final : public PipelineTransport {
     }
     settle(ncclBroadcast(staging_, staging_, bytes, ncclUint8, root, comm_, stream_),
            "broadcast from " + of(root));
-    if (rank_ != root) {
-      check_cuda(cudaMemcpyAsync(data, staging_, bytes, cudaMemcpyDeviceToHost, stream_), where(),
-                 "copy from the staging buffer");
-    }
     wait("broadcast from " + of(root));
+    if (rank_ != root) unstage(data, bytes);
   }
 
   void abort(const std::string& why) noexcept override {
@@ -171,6 +167,14 @@ class NcclTransport final : public PipelineTransport {
     staging_bytes_ = 0;
     check_cuda(cudaMalloc(&staging_, bytes), where(), "allocating the staging buffer");
     staging_bytes_ = bytes;
+  }
+
+  // The staging buffer's bytes to host memory, once the operation that filled it is done: a
+  // copy to pageable memory returns only when complete, so it must not wait on a peer.
+  void unstage(void* data, size_t bytes) {
+    check_cuda(cudaMemcpyAsync(data, staging_, bytes, cudaMemcpyDeviceToHost, stream_), where(),
+               "copy from the staging buffer");
+    wait("copy from the staging buffer");
   }
 
   // A nonblocking communicator's call may return before it is enqueued: waits until it is.
