@@ -94,6 +94,7 @@ int run_bench(const BenchOptions& o) {
   }
   print_gpu_flags_warning(o.engine);
   SessionOptions first = o.engine.to_options(strategies.front());
+  first.calibrate_if_missing = true;  // the other ranks' sessions, as rank 0's below
   RankRole ranks(o.engine, first);
   if (ranks.done()) return ranks.exit_code();
 

@@ -39,6 +39,7 @@ struct Header {
   int32_t kv_dtype = 0;
   int64_t n_ctx = 0;
   int32_t n_gpu_layers = -1;  // unset
+  int32_t n_cpu_moe = -1;     // unset
   int32_t strict = 0;
   char strategy[kStrategyBytes] = {};
 };
@@ -146,6 +147,7 @@ PipelineLeader::PipelineLeader(std::shared_ptr<PipelineTransport> transport, con
   open.kv_dtype = int32_t(options.kv_dtype);
   open.n_ctx = options.n_ctx;
   open.n_gpu_layers = options.n_gpu_layers.value_or(-1);
+  open.n_cpu_moe = options.n_cpu_moe.value_or(-1);
   open.strict = options.strict;
   TANDEM_CHECK_ARG(options.strategy.size() < kStrategyBytes, "pipeline",
                    "strategy name too long ('" + options.strategy + "')");
@@ -292,6 +294,7 @@ void serve_session(const SessionOptions& options, const Header& open) {
   stage.strict = open.strict != 0;
   stage.n_gpu_layers =
       open.n_gpu_layers >= 0 ? std::optional<int>(open.n_gpu_layers) : std::nullopt;
+  stage.n_cpu_moe = open.n_cpu_moe >= 0 ? std::optional<int>(open.n_cpu_moe) : std::nullopt;
   std::unique_ptr<Session> session;
   Report ready;
   try {

@@ -154,7 +154,15 @@ TEST(Pipeline, TwoAndThreeRanksGiveTheLogitsOfOneProcess) {
   }
   for (int n : {2, 3}) {
     SCOPED_TRACE(std::to_string(n) + " ranks");
-    Ranks ranks(n, [](int) { return options_for(); });
+    // The other ranks run rank 0's strategy, context and KV type, whatever their own options
+    // say: a context of 8 could not hold the steps, an f16 cache would change the logits.
+    Ranks ranks(n, [](int) {
+      SessionOptions o = options_for();
+      o.n_ctx = 8;
+      o.kv_dtype = DType::F16;
+      o.strategy = "cpu";
+      return o;
+    });
     {
       SessionOptions o = options_for();
       o.pipeline = ranks.leader();
