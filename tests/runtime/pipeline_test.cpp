@@ -14,6 +14,7 @@
 #include "tandem/error.h"
 #include "tandem/model/synthetic.h"
 #include "tandem/pipeline.h"
+#include "tandem/registry.h"
 #include "tandem/runtime.h"
 #include "test_backends.h"
 
@@ -308,6 +309,85 @@ TEST(Pipeline, ALayerRangeRefusesAHiddenStateOfTheWrongSize) {
   hidden.push_back(0.5f);
   EXPECT_EQ(stage.eval_stage(std::vector<int32_t>{1, 2, 3}, 0, hidden).size(),
             size_t(stage.config().n_vocab));
+}
+
+// ---- NCCL, where the build has it and the machine has the GPUs ----
+
+int gpu_count() {
+  int n = 0;
+  for (const std::string& id : available_backend_ids()) n += id.starts_with("cuda:");
+  return n;
+}
+
+// A communicator of one rank on one GPU: a broadcast leaves the bytes as they are, a message
+// to itself is refused.
+TEST(NcclTransport, OneRankOnOneGpu) {
+  if (!nccl_available() || gpu_count() < 1) GTEST_SKIP() << "needs NCCL and a GPU";
+  auto t = make_nccl_transport(0, 1, nccl_unique_id(), 0, 30.0);
+  std::vector<int32_t> v = {1, 2, 3, 4};
+  t->broadcast(v.data(), v.size() * sizeof(int32_t), 0);
+  EXPECT_EQ(v, (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_THROW(t->send(v.data(), 4, 0), Error);
+}
+
+// A rank whose peers never join gives up after its timeout, with an error, not a hang.
+TEST(NcclTransport, JoiningWithoutThePeersTimesOut) {
+  if (!nccl_available() || gpu_count() < 1) GTEST_SKIP() << "needs NCCL and a GPU";
+  const std::string error =
+      error_of([] { make_nccl_transport(0, 2, nccl_unique_id(), 0, /*timeout_s=*/3.0); });
+  EXPECT_NE(error.find("no answer in 3 s"), std::string::npos) << error;
+}
+
+// The pipeline over NCCL, ranks as threads on two GPUs: the logits of one process on one GPU.
+TEST(NcclTransport, TwoRanksOnTwoGpusGiveTheLogitsOfOneGpu) {
+  if (!nccl_available() || gpu_count() < 2) GTEST_SKIP() << "needs NCCL and two GPUs";
+  auto on_gpu = [](int device) {
+    SessionOptions o = options_for();
+    o.backends = {create_backend("cpu"), create_backend("cuda:" + std::to_string(device))};
+    return o;
+  };
+  std::vector<std::vector<float>> one;
+  {
+    Session alone(on_gpu(0));
+    one = run_steps(alone);
+  }
+  const std::string id = nccl_unique_id();
+  std::string worker_error;
+  std::shared_ptr<PipelineTransport> t0;
+  std::thread worker([&] {
+    try {
+      SessionOptions o = on_gpu(1);
+      o.pipeline = make_nccl_transport(1, 2, id, 1, 60.0);
+      serve_pipeline_rank(o);
+    } catch (const std::exception& e) {
+      worker_error = e.what();
+    }
+  });
+  std::vector<std::vector<float>> two;
+  std::string error = error_of([&] {
+    t0 = make_nccl_transport(0, 2, id, 0, 60.0);
+    SessionOptions o = on_gpu(0);
+    o.pipeline = t0;
+    {
+      Session leader(o);
+      two = run_steps(leader);
+    }
+    end_pipeline(*t0);
+  });
+  if (!error.empty() && t0) t0->abort(error);
+  worker.join();
+  ASSERT_EQ(error, "");
+  ASSERT_EQ(worker_error, "");
+  ASSERT_EQ(two.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    ASSERT_EQ(two[i].size(), one[i].size());
+    double num = 0, den = 0;
+    for (size_t j = 0; j < one[i].size(); ++j) {
+      num += (double(two[i][j]) - one[i][j]) * (double(two[i][j]) - one[i][j]);
+      den += double(one[i][j]) * one[i][j];
+    }
+    EXPECT_LE(num / den, 1e-6) << "step " << i;
+  }
 }
 
 }  // namespace
