@@ -149,9 +149,11 @@ TEST(PipelineGraph, RefusesALayerRangeOutsideTheModel) {
 
 TEST(Pipeline, TwoAndThreeRanksGiveTheLogitsOfOneProcess) {
   std::vector<std::vector<float>> one;
+  size_t one_resident = 0;
   {
     Session alone(options_for());
     one = run_steps(alone);
+    one_resident = alone.executor().resident_bytes("gpu");
   }
   for (int n : {2, 3}) {
     SCOPED_TRACE(std::to_string(n) + " ranks");
@@ -176,6 +178,8 @@ TEST(Pipeline, TwoAndThreeRanksGiveTheLogitsOfOneProcess) {
       EXPECT_NE(leader.executor().kv_cache_backend(kv_cache_name(true, 1)), "");
       EXPECT_EQ(leader.executor().kv_cache_backend(kv_cache_name(true, 2)), "");
       EXPECT_EQ(leader.executor().kv_cache_backend(kv_cache_name(true, 3)), "");
+      // Half the layers, no output layer: well under what one process holds.
+      EXPECT_LT(leader.executor().resident_bytes("gpu"), one_resident * 3 / 4);
     }
     ranks.end();
     for (const std::string& e : ranks.join()) EXPECT_EQ(e, "");
