@@ -178,6 +178,10 @@ TEST(Pipeline, TwoAndThreeRanksGiveTheLogitsOfOneProcess) {
       EXPECT_NE(leader.executor().kv_cache_backend(kv_cache_name(true, 1)), "");
       EXPECT_EQ(leader.executor().kv_cache_backend(kv_cache_name(true, 2)), "");
       EXPECT_EQ(leader.executor().kv_cache_backend(kv_cache_name(true, 3)), "");
+      EXPECT_NE(leader.placement_summary().find("pipeline of " + std::to_string(n) +
+                                                " ranks, layers [0, 2) [2, "),
+                std::string::npos)
+          << leader.placement_summary();
       // Half the layers, no output layer: well under what one process holds.
       EXPECT_LT(leader.executor().resident_bytes("gpu"), one_resident * 3 / 4);
     }
