@@ -209,6 +209,31 @@ TEST(Pipeline, SeveralSessionsInTurnAndASkewedSplit) {
   for (const std::string& e : ranks.join()) EXPECT_EQ(e, "");
 }
 
+// Without output.weight the last rank multiplies by the token embedding, which it maps too.
+TEST(Pipeline, TiedEmbeddingsOnTheLastRank) {
+  SyntheticSpec spec = synthetic_preset("tiny", DType::Q8_0, 5);
+  spec.n_layer = 3;
+  spec.tied_embeddings = true;
+  spec.threads = 1;
+  const std::string path =
+      (test::process_temp_dir("tandem_pipeline_test_") / "tied3.gguf").string();
+  write_synthetic_model(spec, path);
+  std::vector<std::vector<float>> one;
+  {
+    Session alone(options_for(path));
+    one = run_steps(alone);
+  }
+  Ranks ranks(3, [&](int) { return options_for(path); });
+  {
+    SessionOptions o = options_for(path);
+    o.pipeline = ranks.leader();
+    Session leader(o);
+    expect_equal(run_steps(leader), one);
+  }
+  ranks.end();
+  for (const std::string& e : ranks.join()) EXPECT_EQ(e, "");
+}
+
 TEST(Pipeline, RefusesMoreRanksThanLayers) {
   SyntheticSpec spec = synthetic_preset("tiny", DType::F32, 3);  // two layers
   const std::string path =
