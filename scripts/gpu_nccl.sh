@@ -3,8 +3,9 @@
 # runtime_test for sm_90 with NCCL (the toolkit's, else the nvidia-nccl Python wheel's), runs the
 # pipeline tests, checks that the logits of the 1B and 8B Q8_0 shapes from two ranks (one process
 # per GPU) match one GPU, also with the ranks started by hand (TANDEM_RANK), checks that a bad
-# rank count is refused, then benches --ranks 2 (pp512, tg64) next to one process split across
-# both GPUs (-ts 1,1) and one GPU (-sm none), in one table.
+# rank count is refused and that killing a rank stops the other with a clear error, then benches
+# --ranks 2 (pp512, tg64) next to one process split across both GPUs (-ts 1,1) and one GPU
+# (-sm none), in one table.
 # Usage (repo root, .gpu-tools/ holding the GPU kit): OUT=/tmp/out bash scripts/gpu_nccl.sh
 # Writes $OUT/nccl.log (every step's output), $OUT/table.md and $OUT/bench.json.
 set -u
@@ -128,6 +129,34 @@ else
   status=1
 fi
 grep -qE "MISMATCH|Traceback" "$LOG" && { say "FAIL: logits of --ranks 2 differ from one GPU (see $LOG)"; status=1; }
+
+# A rank that dies: the launcher stops the other and names it, within seconds.
+$B bench -m $M1 --strategy gpu --ranks 2 -p 512 -n 1024 -r 50 >/dev/null 2>/tmp/nccl_kill.err &
+lpid=$!
+sleep 25
+r1=""
+for p in $(pgrep -P $lpid); do
+  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'TANDEM_RANK=1' && r1=$p
+done
+if [ -n "$r1" ]; then
+  kill -KILL "$r1"
+  s=$(date +%s)
+  ( sleep 120; kill -KILL $lpid 2>/dev/null ) &
+  watchdog=$!
+  wait $lpid
+  rc=$?
+  kill $watchdog 2>/dev/null
+  took=$(($(date +%s) - s))
+  cat /tmp/nccl_kill.err >>"$LOG"
+  say "rank 1 killed: launcher exit $rc after $took s: $(grep -- '--ranks' /tmp/nccl_kill.err | tail -1)"
+  { [ $rc -ne 0 ] && [ $took -lt 60 ] && grep -q "rank 1 was killed" /tmp/nccl_kill.err; } ||
+    { say "FAIL: a killed rank did not stop the pipeline cleanly"; status=1; }
+else
+  say "FAIL: no rank 1 to kill (the bench ended early? see /tmp/nccl_kill.err)"
+  cat /tmp/nccl_kill.err >>"$LOG"
+  kill $lpid 2>/dev/null
+  status=1
+fi
 
 # Throughput: --ranks 2, one process over both GPUs, one GPU, on the same files.
 : >/tmp/nccl_rows.jsonl
