@@ -21,14 +21,18 @@
 #include "tandem/calibration.h"
 #include "tandem/error.h"
 #include "tandem/executor.h"
+#include "tandem/layer_split.h"
 #include "tandem/model/gguf.h"
 #include "tandem/model/llama_config.h"
 #include "tandem/model/llama_graph.h"
 #include "tandem/model/sampler.h"
 #include "tandem/model/tokenizer.h"
+#include "tandem/pipeline.h"
 #include "tandem/scheduler.h"
 
 namespace tandem {
+
+class PipelineLeader;
 
 // The prefill length the automatic placement plans residency for (with one-token decode).
 inline constexpr int64_t kPlanPrefillTokens = 512;
@@ -76,6 +80,14 @@ struct SessionOptions {
   HybridExecutor::Progress load_progress;
   // Where warnings while loading go (a missing cost profile); nullptr: nowhere.
   std::ostream* log = nullptr;
+  // A pipeline across processes (pipeline.h), on rank 0: this session runs the embedding and
+  // the first layers and leads the other ranks, which hold the rest; the layers split across
+  // ranks by tensor_split (one proportion per rank), else evenly. One sequence only.
+  std::shared_ptr<PipelineTransport> pipeline;
+  // Only these layers (a pipeline rank's; the ranks' own sessions set it). A range that does
+  // not start at layer 0 reads a hidden state (eval_stage); one that ends before the last layer
+  // returns one.
+  std::optional<LayerRange> layers;
 };
 
 // One phase's placement as `plan` shows it: made without running or uploading anything.
@@ -159,6 +171,14 @@ class Session {
   std::span<const float> decode(int32_t token) { return eval(std::span(&token, 1)); }
   // The logits of the most recent step (empty before the first).
   std::span<const float> logits() const { return logits_; }
+  // One step of a session over a layer range (SessionOptions::layers): tokens at positions
+  // [start, start + size) of sequence 0; `hidden` the previous range's output, f32
+  // [n_embd x size] (empty where the range starts at layer 0). Returns the hidden state for the
+  // next range or, where the range ends the model, the logits as eval() does.
+  std::span<const float> eval_stage(std::span<const int32_t> tokens, int64_t start,
+                                    std::span<const float> hidden, bool all_logits = false);
+  // The layers this session runs ([0, n_layer) but in a pipeline).
+  LayerRange layers() const { return layers_; }
   // From a fresh context: the prompt, then up to n_predict sampled tokens, each passed to
   // on_token as it comes. Stops at the end of generation or when the context is full.
   GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& options,
@@ -210,6 +230,7 @@ class Session {
   const std::vector<Recovery>& recoveries() const { return recoveries_; }
 
  private:
+  void init(const SessionOptions& options);
   const LlamaGraph& graph_for(int64_t n_tokens, bool all_logits, int sequence = 0);
   void check_step(int sequence, std::span<const int32_t> tokens) const;
   // Plans and runs one step of `lg` over tokens (positions_ set by the caller), recovering
@@ -277,6 +298,10 @@ class Session {
   HybridExecutor::Progress load_progress_;
   int64_t tokens_evaluated_ = 0;
   int64_t tokens_generated_ = 0;
+  LayerRange layers_;                         // the layers this session runs
+  std::span<const float> hidden_in_;          // eval_stage's input, bound for its step only
+  std::shared_ptr<PipelineLeader> pipeline_;  // rank 0 of a pipeline
+  std::vector<float> stage_out_;              // rank 0's hidden state, for the next rank
 };
 
 }  // namespace tandem

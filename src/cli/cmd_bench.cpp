@@ -13,6 +13,7 @@
 #include "cli_util.h"
 #include "commands_impl.h"
 #include "engine_flags.h"
+#include "ranks.h"
 #include "tandem/error.h"
 #include "tandem/registry.h"
 #include "tandem/runtime.h"
@@ -92,6 +93,10 @@ int run_bench(const BenchOptions& o) {
     }
   }
   print_gpu_flags_warning(o.engine);
+  SessionOptions first = o.engine.to_options(strategies.front());
+  first.calibrate_if_missing = true;  // the other ranks' sessions, as rank 0's below
+  RankRole ranks(o.engine, first);
+  if (ranks.done()) return ranks.exit_code();
 
   std::vector<BenchResult> results;
   std::ostringstream summaries;
@@ -100,6 +105,7 @@ int run_bench(const BenchOptions& o) {
     for (size_t config = 0; config < ngl_count * moe_count; ++config) {
       const size_t ngl_index = config / moe_count, moe_index = config % moe_count;
       SessionOptions eo = o.engine.to_options(strategy, ngl_index, moe_index);
+      eo.pipeline = ranks.transport();
       eo.calibrate_if_missing = true;
       if (eo.n_ctx == 0) eo.n_ctx = max_tokens + 1;
       std::string label =
@@ -183,6 +189,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("bench", "Measure prompt and generation throughput per strategy");
   auto o = std::make_shared<BenchOptions>();
   o->engine.add(*cmd, /*model_required=*/true, /*list_of_ngl=*/true);
+  o->engine.add_ranks(*cmd);
   cmd->add_option("-p,--n-prompt", o->n_prompt,
                   "Prompt tokens, a comma list like llama-bench (0: no prompt test)")
       ->delimiter(',')

@@ -12,6 +12,7 @@
 #include "cli_util.h"
 #include "commands_impl.h"
 #include "engine_flags.h"
+#include "ranks.h"
 #include "tandem/error.h"
 #include "tandem/model/sampler.h"
 #include "tandem/runtime.h"
@@ -31,6 +32,7 @@ void add_run(CLI::App& app, std::function<int()>& run) {
   };
   auto o = std::make_shared<Opts>();
   o->engine.add(*cmd);
+  o->engine.add_ranks(*cmd);
   auto* prompt_option = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
   cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from FILE (as llama.cpp's -f)")
       ->excludes(prompt_option);
@@ -98,6 +100,8 @@ void add_run(CLI::App& app, std::function<int()>& run) {
       sp.min_p = o->min_p;
       sp.repeat_penalty = o->repeat_penalty;
       const Sampler checked(sp);  // its parameters are checked before the model loads
+      RankRole ranks(o->engine, eo);
+      if (ranks.done()) return ranks.exit_code();
       Session engine(eo);
       const std::vector<int32_t> prompt = engine.tokenize(prompt_text, !o->no_bos);
       TANDEM_CHECK_ARG(!prompt.empty(), "--prompt", "the prompt has no tokens");
@@ -154,6 +158,7 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
   };
   auto o = std::make_shared<Opts>();
   o->engine.add(*cmd);
+  o->engine.add_ranks(*cmd);
   cmd->add_option("--tokens", o->tokens, "Token ids, e.g. 1,2,3")->required();
   cmd->add_option("--out", o->out, "Output file (raw little-endian float32)")->required();
   cmd->add_option("--strategy", o->strategy, "gpu, cpu, auto or only:BACKEND")
@@ -164,8 +169,10 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
     run = [o]() {
       std::vector<int32_t> ids = parse_ids(o->tokens, "--tokens");
       TANDEM_CHECK_ARG(!ids.empty(), "--tokens", "no token ids given");
-      const SessionOptions eo = o->engine.to_options(o->strategy);
+      SessionOptions eo = o->engine.to_options(o->strategy);
       print_gpu_flags_warning(o->engine);
+      RankRole ranks(o->engine, eo);
+      if (ranks.done()) return ranks.exit_code();
       Session engine(eo);
       std::span<const float> logits = engine.eval(ids, o->all);
       std::ofstream f(o->out, std::ios::binary);

@@ -70,7 +70,7 @@ void parse_gpu_mem(const std::string& text, SessionOptions& o) {
 }
 
 // --tensor-split: proportions separated by ',' or '/' (llama-bench's spelling).
-std::vector<double> parse_tensor_split(const std::string& text) {
+std::vector<double> parse_tensor_split(const std::string& text, int ranks) {
   const char* flag = "--tensor-split";
   std::vector<double> out;
   size_t start = 0;
@@ -91,6 +91,12 @@ std::vector<double> parse_tensor_split(const std::string& text) {
   }
   TANDEM_CHECK_ARG(std::any_of(out.begin(), out.end(), [](double v) { return v > 0.0; }), flag,
                    "needs a positive proportion (got '" + text + "')");
+  if (ranks > 0) {
+    TANDEM_CHECK_ARG(out.size() <= size_t(ranks), flag,
+                     "gives " + std::to_string(out.size()) + " proportions for " +
+                         std::to_string(ranks) + " ranks");
+    return out;
+  }
   const auto ids = available_backend_ids();
   const size_t gpus = size_t(std::count_if(ids.begin(), ids.end(), is_gpu_id));
   TANDEM_CHECK_ARG(
@@ -172,6 +178,13 @@ void EngineFlags::add(CLI::App& cmd, bool model_required, bool list_of_ngl) {
                "Use the built-in device figures: no profile is loaded and none is measured");
 }
 
+void EngineFlags::add_ranks(CLI::App& cmd) {
+  cmd.add_option("--ranks", ranks,
+                 "A pipeline of N processes, one per GPU, through NCCL: each holds a contiguous "
+                 "range of layers (-ts: one proportion per rank, else even); see "
+                 "docs/multi-gpu.md");
+}
+
 SessionOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_index,
                                        size_t moe_index) const {
   SessionOptions o;
@@ -219,7 +232,9 @@ SessionOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_i
       "'" + split_mode + "' is not supported: use layer (layer ranges per GPU) or none (one GPU)" +
           (split_mode == "row" ? "; rows of one matrix across GPUs are not split" : ""));
   o.single_gpu = split_mode == "none";
-  if (!tensor_split.empty()) o.tensor_split = parse_tensor_split(tensor_split);
+  if (!tensor_split.empty()) o.tensor_split = parse_tensor_split(tensor_split, ranks);
+  TANDEM_CHECK_ARG(ranks == 0 || o.gpu_memory_by_id.empty(), "--gpu-mem",
+                   "with --ranks each rank has one GPU: give one size for all (e.g. 60G)");
   TANDEM_CHECK_ARG(!o.single_gpu || o.tensor_split.empty(), "--tensor-split",
                    "has no effect with --split-mode none (one GPU)");
   if (!placement.empty()) {

@@ -29,9 +29,12 @@ struct EngineFlags {
   std::string cost_profile;
   bool no_calibrate = false;
   bool ngl_list = false;  // set by add()
+  int ranks = 0;          // --ranks (add_ranks): processes of a pipeline, one per GPU
 
   // ngl_list: -ngl and --n-cpu-moe take comma lists (bench runs every value).
   void add(CLI::App& cmd, bool model_required = true, bool list_of_ngl = false);
+  // --ranks N (run, bench, logits): -ts then gives one proportion per rank.
+  void add_ranks(CLI::App& cmd);
   // Options for one strategy, one -ngl value and one --n-cpu-moe value (indexes into
   // n_gpu_layers and n_cpu_moe); validates every value and names the flag at fault, before any
   // model is loaded.

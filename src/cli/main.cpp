@@ -10,9 +10,11 @@
 
 #include "commands.h"
 #include "llama_flags.h"
+#include "ranks.h"
 #include "tandem/error.h"
 
 int main(int argc, char** argv) {
+  tandem::cli::set_command_line(argc, argv);  // --ranks starts its ranks with it
   CLI::App app{"tandem: LLM inference across a CPU and NVIDIA GPUs", "tandem"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Every subcommand's help");

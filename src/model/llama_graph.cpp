@@ -89,11 +89,14 @@ TensorId add_ffn(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, 
 }
 
 // The logits of x's columns (output.weight, or the token embedding where it is tied), named and
-// marked as the graph's output.
+// marked as the graph's output. embd: the token embedding's leaf, or kNoTensor where the graph
+// has none (a pipeline stage that does not start the model).
 TensorId add_logits(Graph& g, const gguf::File& file, const LlamaConfig& c, TensorId x,
                     TensorId embd) {
   x = g.rms_norm(x, add_weight(g, file, "output_norm.weight"), c.rms_eps);
-  TensorId w_out = file.find_tensor("output.weight") ? add_weight(g, file, "output.weight") : embd;
+  TensorId w_out = file.find_tensor("output.weight") ? add_weight(g, file, "output.weight")
+                   : embd != kNoTensor               ? embd
+                                                     : add_weight(g, file, "token_embd.weight");
   TensorId logits = g.matmul(w_out, x);
   g.set_name(logits, "logits");
   g.mark_output(logits);
@@ -120,6 +123,12 @@ LlamaGraph build_llama_graph(const LlamaConfig& c, const gguf::File& file,
   TANDEM_CHECK_ARG(options.kv_dtype == DType::F16 || options.kv_dtype == DType::F32, where,
                    "the KV cache must be f16 or f32");
   TANDEM_CHECK_ARG(options.sequence >= 0, where, "sequence must be >= 0");
+  const int layer_end = options.layer_end < 0 ? int(c.n_layer) : options.layer_end;
+  TANDEM_CHECK_ARG(
+      0 <= options.layer_begin && options.layer_begin < layer_end && layer_end <= int(c.n_layer),
+      where,
+      "layers [" + std::to_string(options.layer_begin) + ", " + std::to_string(layer_end) +
+          ") are not a range of the model's " + std::to_string(c.n_layer) + " layers");
 
   const int64_t T = options.n_tokens;
   const int64_t D = c.head_dim;
@@ -127,12 +136,18 @@ LlamaGraph build_llama_graph(const LlamaConfig& c, const gguf::File& file,
   const float scale = 1.0f / std::sqrt(float(D));
   Graph& g = out.graph;
 
-  out.tokens = g.input("tokens", DType::I32, {T});
+  const bool first_stage = options.layer_begin == 0;
+  if (first_stage) out.tokens = g.input("tokens", DType::I32, {T});
   out.positions = g.input("positions", DType::I32, {T});
-  TensorId embd = add_weight(g, file, "token_embd.weight");
-  TensorId x = g.get_rows(embd, out.tokens);
+  TensorId embd = kNoTensor, x = kNoTensor;
+  if (first_stage) {
+    embd = add_weight(g, file, "token_embd.weight");
+    x = g.get_rows(embd, out.tokens);
+  } else {
+    out.hidden_in = x = g.input("hidden_in", DType::F32, {n_embd, T});
+  }
 
-  for (int l = 0; l < int(c.n_layer); ++l) {
+  for (int l = options.layer_begin; l < layer_end; ++l) {
     const AttentionIn in = attention_in(g, file, c, l, x, out.positions, T);
     TensorId cache_k = g.kv_cache(kv_cache_name(true, l, options.sequence), options.kv_dtype,
                                   {D, c.n_head_kv, out.n_ctx});
@@ -144,6 +159,13 @@ LlamaGraph build_llama_graph(const LlamaConfig& c, const gguf::File& file,
     x = add_ffn(g, file, c, l, g.add(x, g.matmul(in.wo, a)), T);
   }
 
+  if (layer_end < c.n_layer) {
+    // The next stage needs every token's hidden state, whatever logits it returns.
+    g.set_name(x, "hidden_out");
+    g.mark_output(x);
+    out.hidden_out = x;
+    return out;
+  }
   if (!options.all_logits && T > 1) {
     // Only the last token's logits are needed: skip the vocabulary product for the rest.
     x = g.view(x, {n_embd, 1}, {4, n_embd * 4}, (T - 1) * n_embd * 4);

@@ -10,8 +10,10 @@
 
 #include "capacity.h"
 #include "gpu_setup.h"
+#include "pipeline_leader.h"
 #include "tandem/bytes.h"
 #include "tandem/error.h"
+#include "tandem/layer_split.h"
 #include "tandem/registry.h"
 
 namespace tandem {
@@ -93,6 +95,33 @@ std::vector<TensorPin> host_expert_pins(int n_layer, int n_cpu_moe,
 
 Session::Session(const SessionOptions& options)
     : file_(gguf::File::open(options.model_path)), config_(LlamaConfig::from_gguf(file_)) {
+  layers_ = {0, int(config_.n_layer)};
+  if (options.pipeline && options.pipeline->n_ranks() > 1) {
+    TANDEM_CHECK_ARG(!options.layers, "session", "a pipeline's rank 0 chooses its own layers");
+    pipeline_ = std::make_shared<PipelineLeader>(options.pipeline, file_, config_, options);
+    layers_ = pipeline_->range();
+  } else if (options.layers) {
+    layers_ = *options.layers;
+    TANDEM_CHECK_ARG(
+        0 <= layers_.begin && layers_.begin < layers_.end && layers_.end <= int(config_.n_layer),
+        "session",
+        "layers [" + std::to_string(layers_.begin) + ", " + std::to_string(layers_.end) +
+            ") are not a range of the model's " + std::to_string(config_.n_layer) + " layers");
+  }
+  try {
+    init(options);
+  } catch (const std::exception& e) {
+    if (pipeline_) pipeline_->fail(e.what());
+    throw;
+  }
+  if (pipeline_) pipeline_->start();
+}
+
+void Session::init(const SessionOptions& options) {
+  const bool whole_model = layers_.begin == 0 && layers_.end == int(config_.n_layer);
+  TANDEM_CHECK_ARG(whole_model || options.n_sequences == 1, "session",
+                   "a pipeline or a layer range runs one sequence (n_sequences " +
+                       std::to_string(options.n_sequences) + ")");
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(file_));
   kv_dtype_ = options.kv_dtype;
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.context_length, 4096);
@@ -107,9 +136,22 @@ Session::Session(const SessionOptions& options)
                      "a backend given in SessionOptions::backends is null");
   std::vector<TensorPin> pins = options.pins;
   for (TensorPin& pin : pins) pin.backend_id = pin_backend_id(pin.backend_id, backends);
-  const GpuSetup gpus = setup_gpus(backends, options, strategy, int(config_.n_layer));
+  // The tensors these layers need: their blocks, the embedding where they start the model, the
+  // output layer where they end it (the embedding too, where it is tied).
+  auto in_layers = [&](const std::string& name) {
+    const int l = layer_of(name);
+    if (l >= 0) return l >= layers_.begin && l < layers_.end;
+    const bool first = layers_.begin == 0, last = layers_.end == int(config_.n_layer);
+    if (name == "token_embd.weight") return first || (last && config_.tied_embeddings);
+    return last;
+  };
+  SessionOptions local = options;
+  if (pipeline_) local.tensor_split.clear();  // one proportion per rank, not per local GPU
+  const GpuSetup gpus = setup_gpus(backends, local, strategy, int(config_.n_layer));
   Capacity capacity;
-  for (const auto& t : file_.tensors()) capacity.weights_bytes += double(t.bytes);
+  for (const auto& t : file_.tensors()) {
+    if (in_layers(t.name)) capacity.weights_bytes += double(t.bytes);
+  }
   capacity.n_ctx = n_ctx_;
   capacity.kv_dtype = kv_dtype_;
   TANDEM_CHECK_ARG(options.n_sequences >= 1, "session",
@@ -117,7 +159,8 @@ Session::Session(const SessionOptions& options)
   past_.assign(size_t(options.n_sequences), 0);
   history_.assign(size_t(options.n_sequences), {});
   strict_ = options.strict;
-  capacity.kv_bytes = kv_cache_bytes(config_, n_ctx_, kv_dtype_) * double(options.n_sequences);
+  capacity.kv_bytes = kv_cache_bytes(config_, n_ctx_, kv_dtype_) * double(options.n_sequences) *
+                      double(layers_.size()) / double(config_.n_layer);
   add_gpu_budgets(capacity, backends, gpus, strategy);
   capacity.host_bytes = double(host_available_bytes());
   check_capacity(capacity);
@@ -186,6 +229,8 @@ const LlamaGraph& Session::graph_for(int64_t n_tokens, bool all_logits, int sequ
   options.kv_dtype = kv_dtype_;
   options.all_logits = all_logits;
   options.sequence = sequence;
+  options.layer_begin = layers_.begin;
+  options.layer_end = layers_.end;
   return graphs_.emplace(key, build_llama_graph(config_, file_, options)).first->second;
 }
 
@@ -227,18 +272,63 @@ void Session::check_step(int sequence, std::span<const int32_t> tokens) const {
 }
 
 std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_logits) {
+  if (!pipeline_) return eval_stage(tokens, past_[0], {}, all_logits);
   check_step(0, tokens);
   const int64_t n = int64_t(tokens.size());
   const LlamaGraph& lg = graph_for(n, all_logits);
   positions_.resize(size_t(n));
   std::iota(positions_.begin(), positions_.end(), int32_t(past_[0]));
-  run_step(lg, tokens);
+  // Every rank learns the step; this rank's hidden state goes to the next, the logits come
+  // back from the last. A failure here stops the other ranks rather than leave them waiting.
+  try {
+    pipeline_->announce(tokens, past_[0], all_logits);
+    stage_out_.resize(size_t(lg.graph.tensor(lg.output()).elements()));
+    ++steps_run_;
+    run_recovering(lg, tokens, positions_, stage_out_);
+    tokens_evaluated_ += n;
+    size_logits(size_t(config_.n_vocab * (all_logits ? n : 1)));
+    pipeline_->finish(stage_out_, logits_);
+  } catch (const std::exception& e) {
+    pipeline_->abort(e.what());
+    throw;
+  }
+  remember(0, tokens);
+  past_[0] += n;
+  return logits_;
+}
+
+std::span<const float> Session::eval_stage(std::span<const int32_t> tokens, int64_t start,
+                                           std::span<const float> hidden, bool all_logits) {
+  TANDEM_CHECK_ARG(
+      start >= 0 && start <= n_ctx_, "session",
+      "start position " + std::to_string(start) + " outside [0, " + std::to_string(n_ctx_) + "]");
+  TANDEM_CHECK_ARG(!pipeline_, "session", "a pipeline's rank 0 evaluates with eval()");
+  past_[0] = start;  // positions from start on are written again
+  check_step(0, tokens);
+  const int64_t n = int64_t(tokens.size());
+  const size_t want = layers_.begin > 0 ? size_t(n * config_.n_embd) : 0;
+  TANDEM_CHECK_ARG(hidden.size() == want, "session",
+                   "layers from " + std::to_string(layers_.begin) + " on take " +
+                       std::to_string(want) + " floats of hidden state for " + std::to_string(n) +
+                       " tokens (got " + std::to_string(hidden.size()) + ")");
+  const LlamaGraph& lg = graph_for(n, all_logits);
+  positions_.resize(size_t(n));
+  std::iota(positions_.begin(), positions_.end(), int32_t(start));
+  hidden_in_ = hidden;
+  try {
+    run_step(lg, tokens);
+  } catch (...) {
+    hidden_in_ = {};
+    throw;
+  }
+  hidden_in_ = {};
   remember(0, tokens);
   past_[0] += n;
   return logits_;
 }
 
 std::span<const float> Session::eval_sequence(int sequence, std::span<const int32_t> tokens) {
+  if (pipeline_ && n_past(sequence) >= 0) return eval(tokens);  // one sequence: 0
   check_step(sequence, tokens);
   const int64_t n = int64_t(tokens.size());
   const LlamaGraph& lg = graph_for(n, false, sequence);
@@ -252,6 +342,8 @@ std::span<const float> Session::eval_sequence(int sequence, std::span<const int3
 
 std::span<const float> Session::decode_batch(std::span<const int> sequences,
                                              std::span<const int32_t> tokens) {
+  TANDEM_CHECK_ARG(layers_.begin == 0 && layers_.end == int(config_.n_layer) && !pipeline_,
+                   "session", "decode_batch runs the whole model in one process");
   TANDEM_CHECK_ARG(!sequences.empty() && sequences.size() == tokens.size(), "session",
                    "decode_batch needs one token per sequence (" +
                        std::to_string(sequences.size()) + " sequences, " +
@@ -276,7 +368,7 @@ std::span<const float> Session::decode_batch(std::span<const int> sequences,
 }
 
 std::span<const float> Session::run_step(const LlamaGraph& lg, std::span<const int32_t> tokens) {
-  size_logits(size_t(lg.graph.tensor(lg.logits).elements()));
+  size_logits(size_t(lg.graph.tensor(lg.output()).elements()));
   ++steps_run_;
   run_recovering(lg, tokens, positions_, logits_);
   tokens_evaluated_ += int64_t(tokens.size());
@@ -312,9 +404,11 @@ void Session::execute_step(const LlamaGraph& lg, std::span<const int32_t> tokens
     uploaded_for_ = last_placement_;
   }
   Bindings bindings;
-  bindings.input(lg.tokens, tokens.data(), tokens.size_bytes())
-      .input(lg.positions, positions.data(), positions.size_bytes())
-      .output(lg.logits, logits.data(), logits.size_bytes());
+  bindings.input(lg.positions, positions.data(), positions.size_bytes())
+      .output(lg.output(), logits.data(), logits.size_bytes());
+  if (lg.tokens != kNoTensor) bindings.input(lg.tokens, tokens.data(), tokens.size_bytes());
+  if (lg.hidden_in != kNoTensor)
+    bindings.input(lg.hidden_in, hidden_in_.data(), hidden_in_.size_bytes());
   if (lg.rows != kNoTensor) {
     rows_.resize(size_t(n));
     std::iota(rows_.begin(), rows_.end(), 0);
@@ -335,6 +429,8 @@ void Session::execute_step(const LlamaGraph& lg, std::span<const int32_t> tokens
 }
 
 bool Session::recover(const Error& error) {
+  // A range after the first cannot evaluate its tokens again without the hidden states.
+  if (layers_.begin > 0) return false;
   // A device that reports itself lost (its error may surface as another one, e.g. a copy that
   // read from it), whichever backend the error names.
   std::vector<std::string> lost;
@@ -441,7 +537,7 @@ std::string Session::rebuild_caches(size_t freed) {
     std::vector<int32_t> positions(static_cast<size_t>(past));
     std::iota(positions.begin(), positions.end(), 0);
     const LlamaGraph& lg = graph_for(past, false, s);
-    std::vector<float> logits(size_t(lg.graph.tensor(lg.logits).elements()));
+    std::vector<float> logits(size_t(lg.graph.tensor(lg.output()).elements()));
     run_recovering(lg, std::span(history_[size_t(s)]).first(size_t(past)), positions, logits);
     tokens += past;
   }
@@ -532,6 +628,11 @@ void Session::save_learned() {
 std::string Session::placement_summary() const {
   std::ostringstream os;
   if (!last_placement_) return "no step run yet";
+  if (pipeline_) {
+    os << "pipeline of " << pipeline_->ranges().size() << " ranks, layers";
+    for (const LayerRange& r : pipeline_->ranges()) os << " [" << r.begin << ", " << r.end << ")";
+    os << "; rank 0: ";
+  }
   auto ops = last_placement_->ops_per_backend();
   for (size_t i = 0; i < ops.size(); ++i) {
     if (i) os << ", ";

@@ -68,6 +68,11 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
       {"synth --preset tiny --moe-skew 2 -o /tmp/x.gguf", "--moe-skew"},
       {"synth --preset tiny-moe --moe-skew=-1 -o /tmp/x.gguf", "moe_skew"},
       {"run -m " + m + " -p hi -ot 'blk\\.0\\..*'", "--override-tensor"},
+      {"run -m " + m + " -p hi --ranks -1", "--ranks"},
+      {"logits -m " + m + " --tokens 1 --out /tmp/x.bin --ranks 65", "--ranks"},
+      // No NCCL, or fewer GPUs than ranks: refused before a rank starts.
+      {"bench -m " + m + " --ranks 64", "--ranks"},
+      {"run -m " + m + " -p hi --ranks 2 -ts 1,1,1", "3 proportions for 2 ranks"},
   };
   for (const auto& c : cases) {
     Result r = tandem(c.args);

@@ -19,17 +19,29 @@ struct LlamaGraphOptions {
   DType kv_dtype = DType::F16;  // F16 or F32
   bool all_logits = false;      // logits of every token, else of the last only
   int sequence = 0;             // whose KV cache the step reads and writes (kv_cache_name)
+  // A pipeline stage: layers [layer_begin, layer_end) only (layer_end -1: n_layer). A stage after
+  // the first reads the hidden state in place of the token embedding (hidden_in); a stage before
+  // the last ends with it (hidden_out) in place of the output layer.
+  int layer_begin = 0;
+  int layer_end = -1;
 };
 
 struct LlamaGraph {
   Graph graph;
   TensorId tokens = kNoTensor;     // i32 [n_tokens], bound per run
   TensorId positions = kNoTensor;  // i32 [n_tokens], bound per run
-  TensorId logits = kNoTensor;     // f32 [n_vocab, n_tokens or 1]
+  TensorId logits = kNoTensor;     // f32 [n_vocab, n_tokens or 1]; none before the last stage
+  // Pipeline stages: f32 [n_embd, n_tokens], the hidden state between two stages. A stage after
+  // the first has hidden_in and no tokens; a stage before the last has hidden_out, no logits.
+  TensorId hidden_in = kNoTensor;
+  TensorId hidden_out = kNoTensor;
   // Batched decode only: i32 [n_tokens], bound to 0, 1, ..., n_tokens - 1 per run (the row each
   // sequence's attention output goes to).
   TensorId rows = kNoTensor;
   int64_t n_ctx = 0;
+
+  // What the step produces: the logits, or a stage's hidden state.
+  TensorId output() const { return logits != kNoTensor ? logits : hidden_out; }
 };
 
 // Name of the KV-cache leaf of layer `layer` of sequence `sequence` ("cache_k.3", "cache_v.3";
