@@ -130,7 +130,7 @@ TEST(KQuantsGgml, EveryRowKindMatchesGgmlsDigest) {
 TEST(KQuantsGgml, RoundTripErrorPerRowKind) {
   struct Format {
     int levels, group;  // quant levels
-    double step;  // of a group with the outlier
+    double step;        // of a group with the outlier
   };
   const Format formats[3] = {{16, 32, 65.0 / 15.0}, {32, 32, 65.0 / 31.0}, {64, 16, 2.0}};
   for (size_t k = 0; k < std::size(kRowKinds); ++k) {
