@@ -245,6 +245,9 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       }
     row("matvec_q4_0 hot (L2) GB/s", "matvec_q4_0_hot_4096x128", "GBps");
     row("matvec_q8_0 hot (L2) GB/s", "matvec_q8_0_hot_4096x128", "GBps");
+    for (const char* q : {"q4_k", "q5_k", "q6_k"})
+      row(std::string("matvec_") + q + " hot (L2) GB/s",
+          std::string("matvec_") + q + "_hot_4096x128", "GBps");
     row("qmatmul_q4_0 4096x4096x128 GFLOP/s", "qmatmul_q4_0_4096x4096x128", "GFLOPs");
     row("  same without AMX GFLOP/s", "qmatmul_q4_0_4096x4096x128_noamx", "GFLOPs");
     row("matvec_f16 4096x4096 GB/s", "matvec_f16_4096x4096", "GBps");
@@ -340,6 +343,11 @@ void register_all(const std::vector<int>& threads) {
     reg("matvec_q8_0_hot_4096x128", t, [=](benchmark::State& s) {
       bm_matmul_node(s, DType::Q8_0, 4096, 128, 1, t, BlasPolicy::Auto, false);
     });
+    for (DType q : kKQuantDTypes) {
+      reg("matvec_" + std::string(dtype_name(q)) + "_hot_4096x128", t, [=](benchmark::State& s) {
+        bm_matmul_node(s, q, 4096, 128, 1, t, BlasPolicy::Auto, false);
+      });
+    }
     reg("qmatmul_q4_0_4096x4096x128", t, [=](benchmark::State& s) {
       bm_matmul_node(s, DType::Q4_0, 4096, 4096, 128, t, BlasPolicy::Auto, false);
     });

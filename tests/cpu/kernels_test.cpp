@@ -2,6 +2,7 @@
 // the integer dot kernels on every ISA, exp accuracy, bit-exact half/bfloat conversions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -82,6 +83,65 @@ TEST(CpuKernels, QuantTilesEveryShapeAndIsa) {
   }
 }
 
+// Exact dot of dequantized K-quant weights with activations of one scale per 256.
+double exact_k_dot(DType wt, const uint8_t* row, const int8_t* qs, const float* d, int64_t k) {
+  std::vector<float> w(static_cast<size_t>(k));
+  to_f32(wt, row, w.data(), k);
+  double s = 0.0;
+  for (int64_t i = 0; i < k; ++i) s += double(w[size_t(i)]) * double(qs[i]) * double(d[i / 256]);
+  return s;
+}
+
+// Runs every tile shape and column offset of one K-quant dtype on every ISA for the given
+// weight and activation values and compares with exact_k_dot (relative to the sum of |terms|,
+// so rows that cancel are judged by their terms' size).
+void check_k_tiles(DType wt, int64_t supers, const std::vector<float>& wf,
+                   const std::vector<float>& xf, int rows, int cols) {
+  const int64_t k = supers * 256;
+  const size_t rb = row_bytes(wt, k);
+  std::vector<uint8_t> w(rb * size_t(rows));
+  for (int r = 0; r < rows; ++r) from_f32(wt, wf.data() + r * k, w.data() + r * rb, k);
+  for (const Kernels* kt : runnable_tables()) {
+    SCOPED_TRACE(std::string(isa_name(kt->isa)) + " " + std::string(dtype_name(wt)) +
+                 " super-blocks " + std::to_string(supers));
+    std::vector<int8_t> qs(static_cast<size_t>(cols * k));
+    std::vector<float> d(static_cast<size_t>(cols * supers));
+    std::vector<int16_t> sums(static_cast<size_t>(cols * k / 16));
+    for (int c = 0; c < cols; ++c) {
+      kt->quantize_activations_k(xf.data() + c * k, k, qs.data() + c * k, d.data() + c * supers,
+                                 sums.data() + c * k / 16);
+    }
+    const KQuantizedActivations act{qs.data(), d.data(), sums.data(), k};
+    auto tile = wt == DType::Q4_K   ? kt->q4_k_tile
+                : wt == DType::Q5_K ? kt->q5_k_tile
+                                    : kt->q6_k_tile;
+    for (int tr = 1; tr <= rows; ++tr)
+      for (int tc = 1; tc <= cols; ++tc)
+        for (int col0 = 0; col0 + tc <= cols; ++col0) {
+          std::vector<float> out(static_cast<size_t>(cols * rows), -7.0f);
+          tile(w.data(), rb, tr, act, col0, tc, out.data(), rows);
+          for (int c = 0; c < cols; ++c)
+            for (int r = 0; r < rows; ++r) {
+              const float got = out[size_t(c * rows + r)];
+              if (c >= tc || r >= tr) {
+                ASSERT_EQ(got, -7.0f);  // nothing outside the tile is written
+                continue;
+              }
+              const int8_t* aq = qs.data() + (col0 + c) * k;
+              const float* ad = d.data() + (col0 + c) * supers;
+              const double want = exact_k_dot(wt, w.data() + r * rb, aq, ad, k);
+              std::vector<float> wr(static_cast<size_t>(k));
+              to_f32(wt, w.data() + r * rb, wr.data(), k);
+              double mag = 0.0;
+              for (int64_t i = 0; i < k; ++i)
+                mag += std::fabs(double(wr[size_t(i)]) * double(aq[i]) * double(ad[i / 256]));
+              EXPECT_NEAR(got, want, 1e-5 * (1.0 + mag))
+                  << "tile " << tr << "x" << tc << " col0 " << col0 << " r " << r << " c " << c;
+            }
+        }
+  }
+}
+
 // The K-quant tiles on every ISA against the exact dot of dequantized operands: 1 to 3
 // super-blocks, every tile shape and column offset.
 TEST(CpuKernels, KQuantTilesEveryShapeAndIsa) {
@@ -89,49 +149,60 @@ TEST(CpuKernels, KQuantTilesEveryShapeAndIsa) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (int64_t supers : {1, 3}) {
-    const int64_t k = supers * 256, blocks = k / 32;
+  for (int64_t supers : {1, 2, 3}) {
+    const int64_t k = supers * 256;
     const int rows = 4, cols = 3;
     std::vector<float> wf(static_cast<size_t>(rows * k)), xf(static_cast<size_t>(cols * k));
     for (float& v : wf) v = dist(rng);
     for (float& v : xf) v = dist(rng);
-    for (DType wt : kKQuantDTypes) {
-      const size_t rb = row_bytes(wt, k);
-      std::vector<uint8_t> w(rb * rows);
-      for (int r = 0; r < rows; ++r) from_f32(wt, wf.data() + r * k, w.data() + r * rb, k);
-      for (const Kernels* kt : runnable_tables()) {
-        SCOPED_TRACE(std::string(isa_name(kt->isa)) + " " + std::string(dtype_name(wt)) +
-                     " super-blocks " + std::to_string(supers));
-        std::vector<int8_t> qs(static_cast<size_t>(cols * k));
-        std::vector<float> d(static_cast<size_t>(cols * blocks));
-        std::vector<int32_t> bias(static_cast<size_t>(cols * blocks * kBiasLanes));
-        for (int c = 0; c < cols; ++c) {
-          kt->quantize_activations(xf.data() + c * k, k, qs.data() + c * k, d.data() + c * blocks,
-                                   bias.data() + c * blocks * kBiasLanes);
-        }
-        const QuantizedActivations act{qs.data(), d.data(), bias.data(), k};
-        auto tile = wt == DType::Q4_K   ? kt->q4_k_tile
-                    : wt == DType::Q5_K ? kt->q5_k_tile
-                                        : kt->q6_k_tile;
-        for (int tr = 1; tr <= rows; ++tr)
-          for (int tc = 1; tc <= cols; ++tc)
-            for (int col0 = 0; col0 + tc <= cols; ++col0) {
-              std::vector<float> out(static_cast<size_t>(cols * rows), -7.0f);
-              tile(w.data(), rb, tr, act, col0, tc, out.data(), rows);
-              for (int c = 0; c < cols; ++c)
-                for (int r = 0; r < rows; ++r) {
-                  const float got = out[size_t(c * rows + r)];
-                  if (c >= tc || r >= tr) {
-                    ASSERT_EQ(got, -7.0f);  // nothing outside the tile is written
-                    continue;
-                  }
-                  const double want = exact_dot(wt, w.data() + r * rb, qs.data() + (col0 + c) * k,
-                                                d.data() + (col0 + c) * blocks, k);
-                  EXPECT_NEAR(got, want, 1e-4 * (1.0 + std::fabs(want)))
-                      << "tile " << tr << "x" << tc << " col0 " << col0 << " r " << r << " c " << c;
-                }
-            }
-      }
+    for (DType wt : kKQuantDTypes) check_k_tiles(wt, supers, wf, xf, rows, cols);
+  }
+}
+
+// The integer sums at their extremes: weights whose quants hit the top of their range (and
+// Q6_K's -32) against activations of +-127, all of one sign or alternating, where a 16-bit
+// intermediate would overflow if any path kept one too long.
+TEST(CpuKernels, KQuantTilesAtExtremeQuants) {
+  const int64_t supers = 2, k = supers * 256;
+  const int rows = 4, cols = 2;
+  std::vector<float> wf(static_cast<size_t>(rows * k)), xf(static_cast<size_t>(cols * k));
+  for (int64_t i = 0; i < k; ++i) {
+    wf[size_t(i)] = 1.0f;                          // constant: every quant at the top
+    wf[size_t(k + i)] = -1.0f;                     // Q6_K -32, Q4_K/Q5_K all min
+    wf[size_t(2 * k + i)] = i % 2 ? 1.0f : -1.0f;  // both ends
+    wf[size_t(3 * k + i)] = i % 32 == 0 ? 1.0f : 0.01f;
+    xf[size_t(i)] = 1.0f;
+    xf[size_t(k + i)] = i % 2 ? -1.0f : 1.0f;
+  }
+  for (DType wt : kKQuantDTypes) check_k_tiles(wt, supers, wf, xf, rows, cols);
+}
+
+TEST(CpuKernels, KQuantActivationsHaveOneScalePer256AndExactSums) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  std::vector<float> x(512);
+  for (float& v : x) v = dist(rng);
+  x[300] = 0.0f;
+  for (const Kernels* kt : runnable_tables()) {
+    SCOPED_TRACE(std::string(isa_name(kt->isa)));
+    std::vector<int8_t> qs(512);
+    std::vector<float> d(2);
+    std::vector<int16_t> sums(32);
+    kt->quantize_activations_k(x.data(), 512, qs.data(), d.data(), sums.data());
+    for (int s = 0; s < 2; ++s) {
+      float amax = 0.0f;
+      for (int i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(x[size_t(256 * s + i)]));
+      EXPECT_FLOAT_EQ(d[size_t(s)], amax / 127.0f);
+    }
+    for (int g = 0; g < 32; ++g) {
+      int sum = 0;
+      for (int i = 0; i < 16; ++i) sum += qs[size_t(16 * g + i)];
+      EXPECT_EQ(sums[size_t(g)], sum) << "group " << g;
+    }
+    for (int i = 0; i < 512; ++i) {
+      EXPECT_NEAR(float(qs[size_t(i)]) * d[size_t(i / 256)], x[size_t(i)],
+                  0.5f * d[size_t(i / 256)] + 1e-6f)
+          << i;
     }
   }
 }

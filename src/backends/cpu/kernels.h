@@ -25,6 +25,19 @@ struct QuantizedActivations {
 };
 inline constexpr int64_t kBiasLanes = 8;
 
+// Activations for the K-quant products (ggml's Q8_K): 8 bits with one scale per 256, so a
+// super-block's sub-block scales multiply exact integer sums and only its total meets a float.
+// Column c has quants qs[c*k ...], scales d[c*k/256 ...] and the sum of every 16 quants
+// sums[c*k/16 ...] (for Q4_K/Q5_K's mins and Q6_K's offset of 32).
+struct KQuantizedActivations {
+  const int8_t* qs = nullptr;
+  const float* d = nullptr;
+  const int16_t* sums = nullptr;
+  int64_t k = 0;
+};
+inline constexpr int64_t kKActivationBlock = 256;
+inline constexpr int64_t kKActivationSumGroup = 16;
+
 // Output tiles of at most this many weight rows x activation columns per kernel call.
 inline constexpr int kTileRows = 4;
 inline constexpr int kTileCols = 4;
@@ -39,12 +52,14 @@ struct Kernels {
                     int64_t col0, int cols, float* out, int64_t out_stride);
   void (*q8_0_tile)(const uint8_t* w, size_t w_row_bytes, int rows, const QuantizedActivations& a,
                     int64_t col0, int cols, float* out, int64_t out_stride);
-  // The same for K-quant weight rows (GGUF Q4_K / Q5_K / Q6_K; k a multiple of 256).
-  void (*q4_k_tile)(const uint8_t* w, size_t w_row_bytes, int rows, const QuantizedActivations& a,
+  // Quantizes one row of k floats (k a multiple of 256) into qs, d and sums (see above).
+  void (*quantize_activations_k)(const float* x, int64_t k, int8_t* qs, float* d, int16_t* sums);
+  // The same tiles for K-quant weight rows (GGUF Q4_K / Q5_K / Q6_K).
+  void (*q4_k_tile)(const uint8_t* w, size_t w_row_bytes, int rows, const KQuantizedActivations& a,
                     int64_t col0, int cols, float* out, int64_t out_stride);
-  void (*q5_k_tile)(const uint8_t* w, size_t w_row_bytes, int rows, const QuantizedActivations& a,
+  void (*q5_k_tile)(const uint8_t* w, size_t w_row_bytes, int rows, const KQuantizedActivations& a,
                     int64_t col0, int cols, float* out, int64_t out_stride);
-  void (*q6_k_tile)(const uint8_t* w, size_t w_row_bytes, int rows, const QuantizedActivations& a,
+  void (*q6_k_tile)(const uint8_t* w, size_t w_row_bytes, int rows, const KQuantizedActivations& a,
                     int64_t col0, int cols, float* out, int64_t out_stride);
   // out[c * ldo + r] = a row r . b row c over k floats (rows, cols at most 4).
   void (*f32_tile)(const float* a, int64_t lda, int rows, const float* b, int64_t ldb, int cols,

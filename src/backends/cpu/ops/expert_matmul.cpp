@@ -1,9 +1,9 @@
 // ExpertMatMul (ggml's MUL_MAT_ID): out[:, j, t] = expert ids[j, t]'s matrix x b[:, j or 0, t].
 // The (token, choice) pairs are grouped by expert and each chosen expert's weights multiply all
 // of its pairs' columns: every expert's weights are read once per call, and experts nobody chose
-// are not read at all. Quantized weights take all experts in one pass over the pool (columns
-// quantized once, then every (expert, row chunk) as one work item); float weights, and products
-// too small for 8-bit activations, run one dense product per expert.
+// are not read at all. Q4_0 / Q8_0 weights take all experts in one pass over the pool (columns
+// quantized once, then every (expert, row chunk) as one work item); K-quant and float weights,
+// and products too small for 8-bit activations, run one dense product per expert.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -164,7 +164,7 @@ void run_expert_matmul(const OpContext& ctx, const NodeExecution& e) {
   for (int64_t p = 0; p < pairs; ++p) order[size_t(next[size_t(ids[p])]++)] = p;
 
   const bool quantized = dtype_traits(a.dtype).is_quantized;
-  if (quantized && int8_activations(M, 1)) {
+  if ((a.dtype == DType::Q4_0 || a.dtype == DType::Q8_0) && int8_activations(M, 1)) {
     quantized_experts(ctx, a, abase, bdata, b.ne[1], k, first, order, out);
     return;
   }

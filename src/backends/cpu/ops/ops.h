@@ -43,7 +43,8 @@ void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, si
 // AMX tiles (OpContext::amx) pay off for quantized products from one full 16-column tile.
 inline constexpr int64_t kAmxMinCols = 16;
 
-// The integer tile kernel of a quantized weight dtype (Q4_0, Q8_0 or a K-quant).
+// The integer tile kernel of Q4_0 or (any other dtype) Q8_0 weights; K-quant products take
+// their own activation layout (k_quant_matmul_2d).
 using QuantizedTile = decltype(Kernels::q4_0_tile);
 QuantizedTile quantized_tile(const Kernels& k, DType dtype);
 

@@ -65,22 +65,45 @@ struct ActivationScratch {
   std::vector<float> d;
   std::vector<int32_t> bias;
 };
+struct KActivationScratch {
+  std::vector<int8_t> qs;
+  std::vector<float> d;
+  std::vector<int16_t> sums;
+};
+
+// K-quant weights: activations with one scale per 256 (ggml's Q8_K), then the same tiling.
+void k_quant_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, size_t wrb,
+                       const float* b, float* out, int64_t M, int64_t N, int64_t K) {
+  const Kernels& k = ctx.k;
+  const auto tile = dtype == DType::Q4_K   ? k.q4_k_tile
+                    : dtype == DType::Q5_K ? k.q5_k_tile
+                                           : k.q6_k_tile;
+  const int64_t n_scales = K / kKActivationBlock, n_sums = K / kKActivationSumGroup;
+  thread_local KActivationScratch tls_scratch;
+  KActivationScratch& scratch = tls_scratch;  // the caller's, also inside worker tasks
+  scratch.qs.resize(size_t(N * K));
+  scratch.d.resize(size_t(N * n_scales));
+  scratch.sums.resize(size_t(N * n_sums));
+  const KQuantizedActivations act{scratch.qs.data(), scratch.d.data(), scratch.sums.data(), K};
+  ctx.pool.parallel_for(N, std::max<int64_t>(1, kElementwiseGrain / K),
+                        [&](int64_t c0, int64_t c1) {
+                          for (int64_t c = c0; c < c1; ++c) {
+                            k.quantize_activations_k(b + c * K, K, scratch.qs.data() + c * K,
+                                                     scratch.d.data() + c * n_scales,
+                                                     scratch.sums.data() + c * n_sums);
+                          }
+                        });
+  split_output(ctx.pool, M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
+      tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
+    });
+  });
+}
 
 }  // namespace
 
 QuantizedTile quantized_tile(const Kernels& k, DType dtype) {
-  switch (dtype) {
-    case DType::Q4_0:
-      return k.q4_0_tile;
-    case DType::Q4_K:
-      return k.q4_k_tile;
-    case DType::Q5_K:
-      return k.q5_k_tile;
-    case DType::Q6_K:
-      return k.q6_k_tile;
-    default:
-      return k.q8_0_tile;
-  }
+  return dtype == DType::Q4_0 ? k.q4_0_tile : k.q8_0_tile;
 }
 
 void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, size_t wrb,
@@ -88,6 +111,10 @@ void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, si
   const Kernels& k = ctx.k;
   if (!int8_activations(M, N)) {
     exact_matmul_2d(k, dtype, w, wrb, b, out, M, N, K);
+    return;
+  }
+  if (is_k_quant(dtype)) {
+    k_quant_matmul_2d(ctx, dtype, w, wrb, b, out, M, N, K);
     return;
   }
   const auto tile = quantized_tile(k, dtype);
@@ -105,7 +132,7 @@ void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, si
                                  scratch.bias.data() + c * nb * kBiasLanes);
         }
       });
-  if (ctx.amx && !is_k_quant(dtype) && N >= kAmxMinCols && M >= amx::kTile) {
+  if (ctx.amx && N >= kAmxMinCols && M >= amx::kTile) {
     amx_matmul_2d(ctx.pool, dtype == DType::Q4_0, w, wrb, act, out, M, N);
     return;
   }
