@@ -213,123 +213,65 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], const int (&a)[4], int b0, i
 // warp 32 rows (two 16-row fragments) by the tile's 32 pairs (four 8-column fragments). Per
 // 32-element block k of the row, one mma per fragment pair gives the int32 dot products of the
 // weights' quants with b's int8 quants, scaled into the f32 sums by both blocks' scales (as
-// ggml's q8_1 products: the scales change every 32 elements). Lanes read their fragments
-// straight from the weight blocks (Q4_0: the low nibbles are elements 0-15, the high ones
-// 16-31, so one 4-byte load gives a0 and a2) and from b's quantized columns; the four warps share
-// b through L1. A short tile repeats its first pair and does not write the copies; rows past M
-// read row M - 1 and are not written. A pair with an invalid expert id was left out by the
-// grouping: its output stays unwritten, and the flag is raised.
+// ggml's q8_1 products: the scales change every 32 elements). A short tile repeats its first
+// pair and does not write the copies; rows past M read row M - 1 and are not written. A pair
+// with an invalid expert id was left out by the grouping: its output stays unwritten, and the
+// flag is raised.
 constexpr int kMmaWarps = 4, kMmaWarpRows = 32, kMmaRows = kMmaWarps * kMmaWarpRows;
+static_assert(kExpertTile == 32, "four 8-column fragments per warp");
+
+// One 32-element block's products into this lane's sums: `arow[i][h]` is the weight block of
+// the lane's row 16 i + 8 h + g (its 2-byte scale, then the quants: Q4_0's low nibbles are
+// elements 0-15 and the high ones 16-31, so one 4-byte load gives a0 and a2), `bcol[j]` b's
+// quants of column 8 j + g in this block, `db[j][e]` the block scales of columns 8 j + 2t + e.
 template <DType kType>
-__global__ __launch_bounds__(kMmaWarps * 32) void expert_mma_kernel(
-    const uint8_t* a, int64_t row_stride, int64_t expert_stride, int M, int64_t K, const int8_t* bq,
-    const float* bd, int64_t b_cols, int k, ExpertGroups g, float* out) {
-  static_assert(kExpertTile == 32, "four 8-column fragments per warp");
-  constexpr bool kQ4 = kType == DType::Q4_0;
-  constexpr int kBlockBytes = kQ4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
-  grid_dependency_wait();
-  const int tile = blockIdx.y;
-  if (tile >= *g.n_tiles) return;
-  const int row0 = blockIdx.x * kMmaRows + (threadIdx.x / 32) * kMmaWarpRows;
-  if (row0 >= M) return;
-  const int lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
-  const int expert = g.tile_expert[tile], start = g.tile_start[tile], count = g.tile_count[tile];
-  const int n_blocks = int(K / kQBlock);
-  // This lane's weight rows: fragment i, half h (row0 + 16 i + 8 h + g).
-  const uint8_t* ar[2][2];
+__device__ __forceinline__ void mma_block(float (&acc)[2][4][4], const uint8_t* const (&arow)[2][2],
+                                          const int8_t* const (&bcol)[4], const float (&db)[4][2],
+                                          int tq) {
+  int af[2][4];
+  float da[2][2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = min(row0 + 16 * i + 8 * h + gq, M - 1);
-      ar[i][h] = a + expert * expert_stride + int64_t(r) * row_stride + 2 + 4 * tq;
+      const uint8_t* bp = arow[i][h];
+      da[i][h] = f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(bp));
+      if constexpr (kType == DType::Q4_0) {
+        const int v = load_int_b2(bp + 2 + 4 * tq);
+        af[i][h] = int(__vsub4(unsigned(v & 0x0F0F0F0F), 0x08080808u));
+        af[i][2 + h] = int(__vsub4(unsigned((v >> 4) & 0x0F0F0F0F), 0x08080808u));
+      } else {
+        af[i][h] = load_int_b2(bp + 2 + 4 * tq);
+        af[i][2 + h] = load_int_b2(bp + 18 + 4 * tq);
+      }
     }
   }
-  // Its b columns (offsets into bq / bd): column j * 8 + g for the B fragments, j * 8 + 2t +
-  // {0, 1} for the scales.
-  auto column = [&](int c) {
-    const int32_t z = g.pairs[start + (c < count ? c : 0)];
-    return b_cols == 1 ? z / k : z;
-  };
-  int bqc[4], bdc[4][2];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    bqc[j] = column(8 * j + gq) * int(K) + 4 * tq;
-    bdc[j][0] = column(8 * j + 2 * tq) * n_blocks;
-    bdc[j][1] = column(8 * j + 2 * tq + 1) * n_blocks;
-  }
-  // One 32-element block's raw fragments and scales; the next block's are loaded before this
-  // one's products (the loop waits on memory, not on the tensor cores).
-  struct Stage {
-    uint16_t da[2][2];
-    int qa[2][2][kQ4 ? 1 : 2];
-    int b[4][2];
-    float db[4][2];
-  };
-  auto load = [&](Stage& st, int blk) {
+    const int b0 = *reinterpret_cast<const int*>(bcol[j] + 4 * tq);
+    const int b1 = *reinterpret_cast<const int*>(bcol[j] + 16 + 4 * tq);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* bp = ar[i][h] + int64_t(blk) * kBlockBytes;
-        st.da[i][h] = *reinterpret_cast<const uint16_t*>(bp - 2 - 4 * tq);
-        st.qa[i][h][0] = load_int_b2(bp);
-        if constexpr (!kQ4) st.qa[i][h][1] = load_int_b2(bp + 16);
-      }
+      int d[4] = {0, 0, 0, 0};
+      mma_s8(d, af[i], b0, b1);
+      acc[i][j][0] += float(d[0]) * (da[i][0] * db[j][0]);
+      acc[i][j][1] += float(d[1]) * (da[i][0] * db[j][1]);
+      acc[i][j][2] += float(d[2]) * (da[i][1] * db[j][0]);
+      acc[i][j][3] += float(d[3]) * (da[i][1] * db[j][1]);
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int8_t* bb = bq + bqc[j] + blk * kQBlock;
-      st.b[j][0] = *reinterpret_cast<const int*>(bb);
-      st.b[j][1] = *reinterpret_cast<const int*>(bb + 16);
-      st.db[j][0] = bd[bdc[j][0] + blk];
-      st.db[j][1] = bd[bdc[j][1] + blk];
-    }
-  };
-  float acc[2][4][4] = {};
-  Stage cur;
-  load(cur, 0);
-  for (int blk = 0; blk < n_blocks; ++blk) {
-    Stage next;
-    if (blk + 1 < n_blocks) load(next, blk + 1);
-    int af[2][4];
-    float da[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        da[i][h] = f16_bits_to_f32(cur.da[i][h]);
-        if constexpr (kQ4) {
-          const int v = cur.qa[i][h][0];
-          af[i][h] = int(__vsub4(unsigned(v & 0x0F0F0F0F), 0x08080808u));
-          af[i][2 + h] = int(__vsub4(unsigned((v >> 4) & 0x0F0F0F0F), 0x08080808u));
-        } else {
-          af[i][h] = cur.qa[i][h][0];
-          af[i][2 + h] = cur.qa[i][h][1];
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        int d[4] = {0, 0, 0, 0};
-        mma_s8(d, af[i], cur.b[j][0], cur.b[j][1]);
-        acc[i][j][0] += float(d[0]) * (da[i][0] * cur.db[j][0]);
-        acc[i][j][1] += float(d[1]) * (da[i][0] * cur.db[j][1]);
-        acc[i][j][2] += float(d[2]) * (da[i][1] * cur.db[j][0]);
-        acc[i][j][3] += float(d[3]) * (da[i][1] * cur.db[j][1]);
-      }
-    }
-    cur = next;
   }
+}
+
+// This lane's sums to out[pair * M + row] for the warp's rows from row0 and the tile's pairs.
+__device__ __forceinline__ void mma_store(const float (&acc)[2][4][4], const int32_t* pairs,
+                                          int count, int M, int row0, int gq, int tq, float* out) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int c = 8 * j + 2 * tq + e;
       if (c >= count) continue;
-      float* oc = out + int64_t(g.pairs[start + c]) * M;
+      float* oc = out + int64_t(pairs[c]) * M;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
 #pragma unroll
@@ -340,6 +282,60 @@ __global__ __launch_bounds__(kMmaWarps * 32) void expert_mma_kernel(
       }
     }
   }
+}
+
+// Lanes read their fragments straight from the weight blocks and b's quantized columns in
+// global memory (any K; the four warps share b through L1).
+template <DType kType>
+__global__ __launch_bounds__(kMmaWarps * 32) void expert_mma_kernel(
+    const uint8_t* a, int64_t row_stride, int64_t expert_stride, int M, int64_t K, const int8_t* bq,
+    const float* bd, int64_t b_cols, int k, ExpertGroups g, float* out) {
+  constexpr int kBlockBytes = kType == DType::Q4_0 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+  grid_dependency_wait();
+  const int tile = blockIdx.y;
+  if (tile >= *g.n_tiles) return;
+  const int row0 = blockIdx.x * kMmaRows + (threadIdx.x / 32) * kMmaWarpRows;
+  if (row0 >= M) return;
+  const int lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+  const int expert = g.tile_expert[tile], start = g.tile_start[tile], count = g.tile_count[tile];
+  const int n_blocks = int(K / kQBlock);
+  auto column = [&](int c) {
+    const int32_t z = g.pairs[start + (c < count ? c : 0)];
+    return b_cols == 1 ? int64_t(z / k) : int64_t(z);
+  };
+  const uint8_t* arow[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = min(row0 + 16 * i + 8 * h + gq, M - 1);
+      arow[i][h] = a + expert * expert_stride + int64_t(r) * row_stride;
+    }
+  }
+  const int8_t* bcol[4];
+  const float* dcol[4][2];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    bcol[j] = bq + column(8 * j + gq) * K;
+    dcol[j][0] = bd + column(8 * j + 2 * tq) * n_blocks;
+    dcol[j][1] = bd + column(8 * j + 2 * tq + 1) * n_blocks;
+  }
+  float acc[2][4][4] = {};
+  for (int blk = 0; blk < n_blocks; ++blk) {
+    const float db[4][2] = {{dcol[0][0][blk], dcol[0][1][blk]},
+                            {dcol[1][0][blk], dcol[1][1][blk]},
+                            {dcol[2][0][blk], dcol[2][1][blk]},
+                            {dcol[3][0][blk], dcol[3][1][blk]}};
+    mma_block<kType>(acc, arow, bcol, db, tq);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      arow[i][0] += kBlockBytes;
+      arow[i][1] += kBlockBytes;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) bcol[j] += kQBlock;
+  }
+  mma_store(acc, g.pairs + start, count, M, row0, gq, tq, out);
 }
 
 // The same product with both operands staged in shared memory (the fragments read from global
@@ -367,8 +363,6 @@ __global__ __launch_bounds__(kMmaWarps * 32) void expert_mma_staged_kernel(
     const uint8_t* a, int64_t row_stride, int64_t expert_stride, int M, int64_t K, const int8_t* bq,
     const float* bd, int64_t b_cols, int k, ExpertGroups g, float* out) {
   using Stage = MmaStage<kType>;
-  constexpr bool kQ4 = kType == DType::Q4_0;
-  constexpr int kBlockBytes = Stage::kBlockBytes;
   __shared__ __align__(16) Stage sm;
   grid_dependency_wait();
   const int tile = blockIdx.y;
@@ -409,60 +403,27 @@ __global__ __launch_bounds__(kMmaWarps * 32) void expert_mma_staged_kernel(
     __syncthreads();
 #pragma unroll 2
     for (int kb = 0; kb < kChunkBlocks; ++kb) {
-      int af[2][4];
-      float da[2][2];
+      const uint8_t* arow[2][2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint8_t* bp = &sm.a[warp_row0 + 16 * i + 8 * h + gq][kb * kBlockBytes];
-          da[i][h] = f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(bp));
-          if constexpr (kQ4) {
-            const int v = load_int_b2(bp + 2 + 4 * tq);
-            af[i][h] = int(__vsub4(unsigned(v & 0x0F0F0F0F), 0x08080808u));
-            af[i][2 + h] = int(__vsub4(unsigned((v >> 4) & 0x0F0F0F0F), 0x08080808u));
-          } else {
-            af[i][h] = load_int_b2(bp + 2 + 4 * tq);
-            af[i][2 + h] = load_int_b2(bp + 18 + 4 * tq);
-          }
+          arow[i][h] = &sm.a[warp_row0 + 16 * i + 8 * h + gq][kb * Stage::kBlockBytes];
         }
       }
+      const int8_t* bcol[4];
+      float db[4][2];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int8_t* bb = &sm.b[8 * j + gq][kb * kQBlock + 4 * tq];
-        const int b0 = *reinterpret_cast<const int*>(bb);
-        const int b1 = *reinterpret_cast<const int*>(bb + 16);
-        const float db0 = sm.bd[8 * j + 2 * tq][kb], db1 = sm.bd[8 * j + 2 * tq + 1][kb];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          int d[4] = {0, 0, 0, 0};
-          mma_s8(d, af[i], b0, b1);
-          acc[i][j][0] += float(d[0]) * (da[i][0] * db0);
-          acc[i][j][1] += float(d[1]) * (da[i][0] * db1);
-          acc[i][j][2] += float(d[2]) * (da[i][1] * db0);
-          acc[i][j][3] += float(d[3]) * (da[i][1] * db1);
-        }
+        bcol[j] = &sm.b[8 * j + gq][kb * kQBlock];
+        db[j][0] = sm.bd[8 * j + 2 * tq][kb];
+        db[j][1] = sm.bd[8 * j + 2 * tq + 1][kb];
       }
+      mma_block<kType>(acc, arow, bcol, db, tq);
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int c = 8 * j + 2 * tq + e;
-      if (c >= count) continue;
-      float* oc = out + int64_t(g.pairs[start + c]) * M;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = block_row0 + warp_row0 + 16 * i + 8 * h + gq;
-          if (r < M) oc[r] = acc[i][j][2 * h + e];
-        }
-      }
-    }
-  }
+  mma_store(acc, g.pairs + start, count, M, block_row0 + warp_row0, gq, tq, out);
 }
 
 // The staged kernel's conditions: whole chunks, and 16-byte aligned weight rows and experts.
