@@ -189,7 +189,12 @@ void run_expert_matmul(const OpContext& ctx, const NodeExecution& e) {
       src = columns.data();
     }
     const uint8_t* w = abase + x * a.nb[2];
-    if (quantized) {
+    if (quantized && !int8_activations(M, 1)) {
+      // Fewer than 16 rows: f32 activations whatever the pairs, as the CUDA backend does (an
+      // expert's columns may be one token's, repeated once per choice: 2 rows x 8 pairs of 2
+      // tokens are 4 distinct outputs, too few to average 8-bit rounding out).
+      exact_matmul_2d(ctx.k, a.dtype, w, size_t(a.nb[1]), src, products.data(), M, n, K);
+    } else if (quantized) {
       quantized_matmul_2d(ctx, a.dtype, w, size_t(a.nb[1]), src, products.data(), M, n, K);
     } else {
       float_matmul_2d(ctx, a.dtype, w, src, products.data(), M, n, K);

@@ -40,6 +40,11 @@ void float_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* a, const 
 void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, size_t wrb,
                          const float* b, float* out, int64_t M, int64_t N, int64_t K);
 
+// The same product of quantized weights with f32 activations, row by row on the calling thread
+// (products too small for 8-bit activations, see int8_activations).
+void exact_matmul_2d(const Kernels& k, DType dtype, const uint8_t* w, size_t wrb, const float* b,
+                     float* out, int64_t M, int64_t N, int64_t K);
+
 // AMX tiles (OpContext::amx) pay off for quantized products from one full 16-column tile.
 inline constexpr int64_t kAmxMinCols = 16;
 

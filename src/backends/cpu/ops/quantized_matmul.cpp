@@ -13,15 +13,6 @@ namespace tandem::cpu {
 
 namespace {
 
-void exact_matmul_2d(const Kernels& k, DType dtype, const uint8_t* w, size_t wrb, const float* b,
-                     float* out, int64_t M, int64_t N, int64_t K) {
-  std::vector<float> row(static_cast<size_t>(K));
-  for (int64_t m = 0; m < M; ++m) {
-    row_to_f32(k, dtype, w + size_t(m) * wrb, row.data(), K);
-    for (int64_t n = 0; n < N; ++n) out[n * M + m] = k.dot_f32(row.data(), b + n * K, K);
-  }
-}
-
 // The AMX path for one batch slice: activation column tiles packed once, then every thread
 // unpacks its 16-row weight panels and multiplies each against all column tiles.
 void amx_matmul_2d(ThreadPool& pool, bool q4, const uint8_t* w, size_t wrb,
@@ -101,6 +92,15 @@ void k_quant_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, size
 }
 
 }  // namespace
+
+void exact_matmul_2d(const Kernels& k, DType dtype, const uint8_t* w, size_t wrb, const float* b,
+                     float* out, int64_t M, int64_t N, int64_t K) {
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t m = 0; m < M; ++m) {
+    row_to_f32(k, dtype, w + size_t(m) * wrb, row.data(), K);
+    for (int64_t n = 0; n < N; ++n) out[n * M + m] = k.dot_f32(row.data(), b + n * K, K);
+  }
+}
 
 QuantizedTile quantized_tile(const Kernels& k, DType dtype) {
   return dtype == DType::Q4_0 ? k.q4_0_tile : k.q8_0_tile;
