@@ -498,8 +498,11 @@ TEST(Calibration, CpuTimesTheOpsOfADecodeLayerAtTheirOwnShapes) {
       return s.flops == w.flops && s.bytes == w.bytes;
     });
     ASSERT_NE(same, samples.end()) << op_key_name(key) << " has no sample at its shape";
-    EXPECT_NEAR(CostModel::estimate(g, n, p).compute_us, same->us, 1e-6 * same->us)
-        << op_key_name(key);
+    // No estimate is below the launch cost: where the op timed faster than the measured launch
+    // (an ASan build: 10.6 us against a launch of 12.6), the estimate is the launch.
+    const double want = std::max(same->us, p.launch_us);
+    EXPECT_NEAR(CostModel::estimate(g, n, p).compute_us, want, 1e-6 * want + 0.01)
+        << op_key_name(key) << ": sample " << same->us << " us, launch " << p.launch_us << " us";
   }
 }
 
