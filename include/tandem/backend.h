@@ -123,6 +123,10 @@ class Backend {
   // and segment, so a backend may capture the segment once and replay it.
   virtual void execute_segment(const Graph& graph, std::span<const NodeExecution> segment,
                                uint64_t signature);
+  // The most consecutive nodes of a segment this backend may run as one launch, whose reads and
+  // writes are then unordered: the executor's memory plan gives no node's output memory that
+  // the node up to fused_nodes() - 1 places before it reads (default 1: one node at a time).
+  virtual int fused_nodes() const { return 1; }
   virtual void synchronize() = 0;
 
   // Streamed weights: a copy into device memory on the device's copy queue, which first waits

@@ -276,6 +276,32 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
                   "node " + std::to_string(node.id) + " has no backend in the placement");
     }
   }
+  // A backend may run up to fused_nodes() consecutive nodes of a segment as one launch, their
+  // reads and writes unordered: what a node reads, and what it writes, stays live until the last
+  // node such a launch could take with it (else the K RoPE's output may land in the Q
+  // projection's buffer that the Q RoPE, fused with it, still reads).
+  {
+    std::vector<int> order;
+    for (const Node& node : graph.nodes()) {
+      if (is_compute(node.op)) order.push_back(int(node.id));
+    }
+    for (size_t k = 0; k < order.size(); ++k) {
+      const int b = placement.backend_index(TensorId(order[k]));
+      const size_t width = size_t(std::max(backends[size_t(b)]->fused_nodes(), 1));
+      size_t e = k;
+      while (e + 1 < order.size() && e + 1 < k + width &&
+             placement.backend_index(TensorId(order[e + 1])) == b) {
+        ++e;
+      }
+      if (e == k) continue;
+      const Node& node = graph.node(TensorId(order[k]));
+      last[size_t(node.id)] = std::max(last[size_t(node.id)], order[e]);
+      for (TensorId in : node.inputs) {
+        const TensorId s = graph.storage_of(in);
+        last[size_t(s)] = std::max(last[size_t(s)], order[e]);
+      }
+    }
+  }
   // KV caches live where the placement says; a cache is written in its home's memory only.
   std::vector<int> home(n, -1);
   for (const auto& [cache, b] : placement.kv_homes) {

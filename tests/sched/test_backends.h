@@ -5,11 +5,13 @@
 // device is lost from then on, as a CUDA device with a poisoned context).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,8 @@ class TestBackend : public HostBackend {
     // Devices with the same non-empty peer group copy to each other directly (copy_to_peer
     // without host memory), as GPUs with peer access do.
     std::string peer_group;
+    // What fused_nodes() declares (the executor's memory plan keeps such windows apart).
+    int fused_nodes = 1;
   };
   explicit TestBackend(Config c) : HostBackend(c.id), config_(std::move(c)) {
     features_ = config_.features;
@@ -39,6 +43,7 @@ class TestBackend : public HostBackend {
   MemoryInfo memory() const override { return {config_.free_bytes * 2, config_.free_bytes}; }
   bool lost() const override { return lost_; }
   const std::vector<OpCapability>& capabilities() const override { return config_.capabilities; }
+  int fused_nodes() const override { return config_.fused_nodes; }
 
   void execute(const Graph& graph, const NodeExecution& exec) override {
     if (lost_) throw_error(ErrorCode::DeviceLost, backend_id(), "the device is lost");
@@ -64,6 +69,7 @@ class TestBackend : public HostBackend {
       for (const TensorRef& r : e.inputs) ptrs.push_back(r.data);
     }
     segment_pointers.push_back(std::move(ptrs));
+    count_window_overlaps(segment);
     Backend::execute_segment(graph, segment, signature);
   }
   Buffer allocate(size_t bytes) override {
@@ -107,6 +113,36 @@ class TestBackend : public HostBackend {
     std::memcpy(peer_dst, src, bytes);
   }
 
+  void count_window_overlaps(std::span<const NodeExecution> segment) {
+    auto extent = [](const TensorDesc& d) {
+      if (d.is_contiguous()) return d.bytes();
+      size_t last = 0;
+      for (int i = 1; i < 4; ++i)
+        last += size_t(std::max<int64_t>(d.ne[i] - 1, 0)) * size_t(d.nb[i]);
+      return last + size_t(d.nb[1]);
+    };
+    auto overlap = [&](const TensorRef& a, const TensorRef& b) {
+      const auto *pa = static_cast<const uint8_t*>(a.data),
+                 *pb = static_cast<const uint8_t*>(b.data);
+      return pa < pb + extent(*b.desc) && pb < pa + extent(*a.desc);
+    };
+    for (size_t k = 0; window > 1 && k < segment.size(); ++k) {
+      const size_t end = std::min(segment.size(), k + window);
+      bool found = false;
+      for (size_t n = k; n < end && !found; ++n) {
+        for (size_t j = k; j < end && !found; ++j) {
+          if (j == n) continue;
+          for (const TensorRef& in : segment[j].inputs) {
+            bool produced = false;
+            for (size_t p = k; p < j; ++p) produced = produced || segment[p].output.data == in.data;
+            found = found || (!produced && overlap(segment[n].output, in));
+          }
+        }
+      }
+      window_overlaps += found ? 1 : 0;
+    }
+  }
+
   void set_lost(bool lost) { lost_ = lost; }
   int fail_on_op = -1;  // an OpKind that throws when executed
   bool fail_allocations = false;
@@ -120,6 +156,10 @@ class TestBackend : public HostBackend {
   int copies_out = 0;
   int peer_copies_out = 0;    // copy_to_peer calls with this backend as the source
   int direct_copies_out = 0;  // ... of which went directly, without host memory
+  // Windows of `window` consecutive nodes of a segment (as one fused launch would run them) in
+  // which a node's output overlaps memory another node of the window reads from outside it.
+  size_t window = 0;
+  int window_overlaps = 0;
   std::vector<uint64_t> segment_signatures;
   std::vector<std::vector<const void*>> segment_pointers;
   static inline std::atomic<int> live_buffers{0};

@@ -476,6 +476,10 @@ void CudaBackend::validate(const Graph& graph, const NodeExecution& exec) const 
   }
 }
 
+int CudaBackend::fused_nodes() const {
+  return fusion_ == cuda::Fusion::None ? 1 : int(cuda::kMaxFusedNodes);
+}
+
 void CudaBackend::execute(const Graph& graph, const NodeExecution& exec) {
   std::lock_guard lock(mutex_);
   check_alive(std::string(op_name(exec.node->op)).c_str());

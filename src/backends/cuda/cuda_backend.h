@@ -56,6 +56,7 @@ class CudaBackend final : public Backend {
   void wait_host_copies() override;
 
   void execute(const Graph& graph, const NodeExecution& exec) override;
+  int fused_nodes() const override;
   // Captures the segment into a CUDA graph on first sight of (signature, pointers) and replays
   // it afterwards; changed pointers update the instantiated graph in place when possible.
   void execute_segment(const Graph& graph, std::span<const NodeExecution> segment,

@@ -44,15 +44,13 @@ bool overlap(const TensorRef& a, const TensorRef& b) {
   return pa < pb + extent(*b.desc) && pb < pa + extent(*a.desc);
 }
 
-// Most nodes one fused launch takes (two RoPE and two KV writes).
-constexpr size_t kMaxFusedNodes = 4;
-
 // The longest prefix (at most kMaxFusedNodes) of the segment in which no node writes memory that
-// another node of the prefix reads from outside it. The memory plan is made for the nodes one
-// by one: a node's output may take the buffer an earlier node read last (the K RoPE's output in
-// the Q projection's buffer), which a fused launch, running all of their reads and writes at
-// once, must not do (1B Q8_0 prefill logits moved by nmse 2e-4 to 5e-4 from run to run). A
-// node's own input under its output stays the kernel's affair, as when it runs alone.
+// another node of the prefix reads from outside it. A fused launch runs all of their reads and
+// writes at once: an output in the buffer an earlier node read last (the K RoPE's output in the
+// Q projection's buffer) moved 1B Q8_0 prefill logits by nmse 2e-4 to 5e-4 from run to run.
+// The executor's memory plan never does that (Backend::fused_nodes); segments built by other
+// callers may, and then run node by node. A node's own input under its output stays the
+// kernel's affair, as when it runs alone.
 size_t alias_free_prefix(std::span<const NodeExecution> segment) {
   const size_t most = std::min(segment.size(), kMaxFusedNodes);
   auto produced = [&](const TensorRef& in, size_t before) {

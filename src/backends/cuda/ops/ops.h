@@ -77,6 +77,8 @@ void run_op(const OpContext& ctx, const NodeExecution& e);
 // output its nodes have, with the arithmetic of the separate kernels, so a fusion needs no
 // knowledge of the outputs' other readers. The patterns (docs/cuda.md):
 enum class Fusion : uint8_t { None, Matvec, All };
+// Most nodes one fused launch takes (two RoPE and two KV writes): CudaBackend::fused_nodes().
+constexpr size_t kMaxFusedNodes = 4;
 size_t run_fused(const OpContext& ctx, std::span<const NodeExecution> segment,
                  Fusion fusion = Fusion::All);
 // - matrix-vector products of the same b (Q, K and V; gate and up): one launch, one
