@@ -69,13 +69,27 @@ struct ExecutionSummary {
   std::map<std::string, BackendUsage> backends;
 };
 
-// Thread-safe. Keeps at most max_events events; later ones are counted in dropped().
+// What the op events of one untimed run (TimingMode::Off) add to the summaries. They hold no
+// measurement, only the plan's placement, the same on every run of the plan: the executor stores
+// them the first time a plan runs untimed, and on its later untimed runs adds their tally and
+// stores the transfers alone (an 8B decode step has 547 op events; storing them every token took
+// ~50 us of it).
+struct RunTally {
+  ExecutionSummary summary;
+  std::map<std::string, OpTypeStats> op_types;  // keyed by op_name
+};
+RunTally tally_events(const std::vector<ExecutionEvent>& events);  // counts the Op events
+
+// Thread-safe. Keeps at most max_events events; later ones are counted in dropped(). The tallies
+// add_untimed_run adds count in the summaries (execution_summary, operations_by_type and what
+// prints or exports them) but leave no events.
 class Telemetry {
  public:
   explicit Telemetry(size_t max_events = kDefaultMaxEvents);
 
   void record_execution(ExecutionEvent event);
   void record_executions(std::vector<ExecutionEvent>& events);  // moves them out
+  void add_untimed_run(const RunTally& tally);
   std::vector<ExecutionEvent> get_telemetry() const;
   void clear_telemetry();
   size_t size() const;
@@ -100,6 +114,7 @@ class Telemetry {
  private:
   mutable std::mutex mutex_;
   std::vector<ExecutionEvent> events_;
+  RunTally untimed_;  // the sum of the untimed runs' tallies
   size_t max_events_;
   size_t dropped_ = 0;
   int64_t epoch_ns_;

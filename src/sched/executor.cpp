@@ -388,6 +388,9 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
 
   const TimingMode timing = m.options.timing;
   const bool record = m.options.record_events;
+  // An untimed run of a plan that ran untimed before stores its transfers only: its op events
+  // are those of the first run, whose tally it adds (RunTally).
+  const bool record_ops = record && !(timing == TimingMode::Off && plan.untimed);
   // Reused from run to run (runs hold run_mutex): no allocation per decode step.
   std::vector<ExecutionEvent>& events = m.run_events;
   events.clear();
@@ -568,9 +571,9 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
         }
         events.push_back(std::move(e));
       } else {
-        const double t0 = record ? m.telemetry.now_us() : 0.0;
+        const double t0 = record_ops ? m.telemetry.now_us() : 0.0;
         backend.execute_segment(graph, segment, step.signature);
-        if (record) {
+        if (record_ops) {
           for (size_t k = 0; k < step.count; ++k) {
             TensorId id = plan.exec_id[step.index + k];
             ExecutionEvent e = op_event(graph, id);
@@ -656,6 +659,13 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
     g.actual_us = m.telemetry.now_us() - run_start;
     g.backend = "graph";
     events.push_back(std::move(g));
+  }
+  if (timing == TimingMode::Off && record) {
+    if (plan.untimed) {
+      m.telemetry.add_untimed_run(*plan.untimed);
+    } else {
+      plan.untimed = std::make_unique<RunTally>(tally_events(events));
+    }
   }
   if (!events.empty()) m.telemetry.record_executions(events);
 }

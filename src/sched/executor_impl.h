@@ -132,6 +132,8 @@ struct ExecPlan {
   std::vector<const void*> input_data;
   std::vector<void*> output_dest;
   std::vector<uint8_t> output_direct;  // 1: downloaded into output_dest itself (page-locked)
+  // What an untimed run of this plan adds to the telemetry, from its first untimed run.
+  std::unique_ptr<RunTally> untimed;
 };
 
 struct HybridExecutor::Impl {

@@ -56,43 +56,42 @@ void Telemetry::record_execution(ExecutionEvent event) {
   events_.push_back(std::move(event));
 }
 
-void Telemetry::record_executions(std::vector<ExecutionEvent>& events) {
-  std::lock_guard lock(mutex_);
-  for (ExecutionEvent& e : events) {
-    if (events_.size() >= max_events_) {
-      ++dropped_;
-      continue;
-    }
-    events_.push_back(std::move(e));
+namespace {
+
+void add_usage(BackendUsage& into, const BackendUsage& u) {
+  into.ops += u.ops;
+  into.actual_us += u.actual_us;
+  into.estimated_us += u.estimated_us;
+  into.transfers_in += u.transfers_in;
+  into.transfer_bytes += u.transfer_bytes;
+  into.transfer_us += u.transfer_us;
+}
+
+void add_summary(ExecutionSummary& into, const ExecutionSummary& s) {
+  into.ops += s.ops;
+  into.transfers += s.transfers;
+  into.graphs += s.graphs;
+  into.transfer_bytes += s.transfer_bytes;
+  into.actual_us += s.actual_us;
+  into.estimated_us += s.estimated_us;
+  into.transfer_us += s.transfer_us;
+  into.graph_us += s.graph_us;
+  for (const auto& [id, u] : s.backends) add_usage(into.backends[id], u);
+}
+
+void add_op_types(std::map<std::string, OpTypeStats>& into,
+                  const std::map<std::string, OpTypeStats>& m) {
+  for (const auto& [op, o] : m) {
+    OpTypeStats& s = into[op];
+    s.count += o.count;
+    s.actual_us += o.actual_us;
+    s.estimated_us += o.estimated_us;
   }
-  events.clear();
 }
 
-std::vector<ExecutionEvent> Telemetry::get_telemetry() const {
-  std::lock_guard lock(mutex_);
-  return events_;
-}
-
-void Telemetry::clear_telemetry() {
-  std::lock_guard lock(mutex_);
-  events_.clear();
-  dropped_ = 0;
-}
-
-size_t Telemetry::size() const {
-  std::lock_guard lock(mutex_);
-  return events_.size();
-}
-
-size_t Telemetry::dropped() const {
-  std::lock_guard lock(mutex_);
-  return dropped_;
-}
-
-ExecutionSummary Telemetry::execution_summary() const {
-  std::lock_guard lock(mutex_);
+ExecutionSummary summarize(const std::vector<ExecutionEvent>& events) {
   ExecutionSummary s;
-  for (const ExecutionEvent& e : events_) {
+  for (const ExecutionEvent& e : events) {
     switch (e.kind) {
       case EventKind::Op: {
         BackendUsage& u = s.backends[e.backend];
@@ -126,20 +125,83 @@ ExecutionSummary Telemetry::execution_summary() const {
   return s;
 }
 
-std::map<std::string, BackendUsage> Telemetry::backend_usage_stats() const {
-  return execution_summary().backends;
-}
-
-std::map<std::string, OpTypeStats> Telemetry::operations_by_type() const {
-  std::lock_guard lock(mutex_);
+std::map<std::string, OpTypeStats> op_types_of(const std::vector<ExecutionEvent>& events) {
   std::map<std::string, OpTypeStats> m;
-  for (const ExecutionEvent& e : events_) {
+  for (const ExecutionEvent& e : events) {
     if (e.kind != EventKind::Op) continue;
     OpTypeStats& s = m[std::string(op_name(e.op))];
     s.count++;
     s.actual_us += std::max(0.0, e.actual_us);
     s.estimated_us += e.estimated_us;
   }
+  return m;
+}
+
+}  // namespace
+
+RunTally tally_events(const std::vector<ExecutionEvent>& events) {
+  std::vector<ExecutionEvent> ops;
+  for (const ExecutionEvent& e : events) {
+    if (e.kind == EventKind::Op) ops.push_back(e);
+  }
+  return {summarize(ops), op_types_of(ops)};
+}
+
+void Telemetry::add_untimed_run(const RunTally& tally) {
+  std::lock_guard lock(mutex_);
+  add_summary(untimed_.summary, tally.summary);
+  add_op_types(untimed_.op_types, tally.op_types);
+}
+
+void Telemetry::record_executions(std::vector<ExecutionEvent>& events) {
+  std::lock_guard lock(mutex_);
+  for (ExecutionEvent& e : events) {
+    if (events_.size() >= max_events_) {
+      ++dropped_;
+      continue;
+    }
+    events_.push_back(std::move(e));
+  }
+  events.clear();
+}
+
+std::vector<ExecutionEvent> Telemetry::get_telemetry() const {
+  std::lock_guard lock(mutex_);
+  return events_;
+}
+
+void Telemetry::clear_telemetry() {
+  std::lock_guard lock(mutex_);
+  events_.clear();
+  untimed_ = {};
+  dropped_ = 0;
+}
+
+size_t Telemetry::size() const {
+  std::lock_guard lock(mutex_);
+  return events_.size();
+}
+
+size_t Telemetry::dropped() const {
+  std::lock_guard lock(mutex_);
+  return dropped_;
+}
+
+ExecutionSummary Telemetry::execution_summary() const {
+  std::lock_guard lock(mutex_);
+  ExecutionSummary s = summarize(events_);
+  add_summary(s, untimed_.summary);
+  return s;
+}
+
+std::map<std::string, BackendUsage> Telemetry::backend_usage_stats() const {
+  return execution_summary().backends;
+}
+
+std::map<std::string, OpTypeStats> Telemetry::operations_by_type() const {
+  std::lock_guard lock(mutex_);
+  std::map<std::string, OpTypeStats> m = op_types_of(events_);
+  add_op_types(m, untimed_.op_types);
   return m;
 }
 

@@ -564,6 +564,23 @@ TEST_F(ExecutorTest, TimingModes) {
     EXPECT_LT(e.actual_us, 0.0);  // not measured
   }
   EXPECT_EQ(exec.telemetry().execution_summary().ops, ops);
+  // A plan's later untimed runs store no op events (the first run's tally counts them), each
+  // run still counts.
+  const size_t stored = exec.telemetry().size();
+  const size_t matmuls = exec.telemetry().operations_by_type().at("matmul").count;
+  EXPECT_GT(matmuls, 0u);
+  run_steps(sched, exec, model, steps);
+  exec.clear_kv_caches();
+  size_t op_events = 0;
+  for (const ExecutionEvent& e : exec.telemetry().get_telemetry()) {
+    op_events += e.kind == EventKind::Op ? 1 : 0;
+  }
+  EXPECT_EQ(op_events, ops);
+  EXPECT_LT(exec.telemetry().size(), 2 * stored);
+  EXPECT_EQ(exec.telemetry().execution_summary().ops, 2 * ops);
+  EXPECT_EQ(exec.telemetry().operations_by_type().at("matmul").count, 2 * matmuls);
+  exec.telemetry().clear_telemetry();
+  EXPECT_EQ(exec.telemetry().execution_summary().ops, 0u);
 }
 
 }  // namespace
