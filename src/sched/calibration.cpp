@@ -198,9 +198,10 @@ struct Budget {
   int reps;             // timed runs per shape (after one warm-up)
   int tiny_reps;        // for the launch-cost op
   double max_point_us;  // stop repeating a shape once its runs took this long (at least 3)
+  detail::DecodeLayerPasses layer_passes;
 };
-constexpr Budget kQuickBudget{5, 31, 60e3};
-constexpr Budget kFullBudget{11, 101, 600e3};
+constexpr Budget kQuickBudget{5, 31, 60e3, {5, 15, 60e3}};
+constexpr Budget kFullBudget{11, 101, 600e3, {11, 33, 600e3}};
 constexpr double kQuickMaxRunUs = 20e3;
 
 // Host data for one tensor: random values in [-1, 1] (converted to its dtype), written one row
@@ -333,7 +334,7 @@ class Calibrator {
            {detail::DecodeLayerShape{2048, 32, 8, 64, 8192},
             detail::DecodeLayerShape{4096, 32, 8, 128, 14336}}) {
         for (const auto& [key, sample] : detail::measure_decode_layer(
-                 b_, d, budget_.reps, [this] { lead_in(); }, rng_, spent_)) {
+                 b_, d, budget_.layer_passes, [this] { lead_in(); }, rng_, spent_)) {
           add_sample(key, sample);
         }
       }

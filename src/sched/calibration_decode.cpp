@@ -11,12 +11,13 @@
 namespace tandem::detail {
 
 namespace {
-// Cache positions of the layer's KV caches.
-constexpr int64_t kDecodeLayerCache = 256;
+// The layer's token sits at the last position of its KV caches: attention reads every key, as
+// its estimate (the planning bound) assumes of a cache this long.
+constexpr int64_t kDecodeLayerCache = kFirstPosition + 1;
 }  // namespace
 
 std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const DecodeLayerShape& d,
-                                                             int passes,
+                                                             const DecodeLayerPasses& passes,
                                                              const std::function<void()>& lead_in,
                                                              SplitMix64& rng,
                                                              CalibrationSpent& spent) {
@@ -78,7 +79,9 @@ std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const D
   }
   spent.setup += seconds_since(setup);
   std::vector<std::vector<double>> times(execs.size());
-  for (int pass = 0; pass <= passes; ++pass) {  // pass 0 warms up
+  double timed_us = 0.0;
+  for (int pass = 0; pass <= passes.max && (pass <= passes.min || timed_us < passes.max_us);
+       ++pass) {  // pass 0 warms up
     const Clock::time_point flush = Clock::now();
     for (TensorId w : streamed) flush_from_caches(buffers[w].data(), buffers[w].bytes());
     spent.flush += seconds_since(flush);
@@ -88,7 +91,9 @@ std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const D
       b.timer_start();
       b.execute(g, execs[i]);
       const double us = b.timer_stop_us();
-      if (pass > 0) times[i].push_back(us);
+      if (pass == 0) continue;
+      times[i].push_back(us);
+      timed_us += us;
     }
     spent.runs += seconds_since(run);
   }
@@ -96,10 +101,9 @@ std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const D
   std::map<std::tuple<OpKey, double, double>, std::vector<double>> pooled;
   for (size_t i = 0; i < execs.size(); ++i) {
     const Node& n = *execs[i].node;
-    // Attention here reads the cache up to kFirstPosition; its samples read all of it. The
-    // first norm follows the flush and the lead-in, not an add as in a model: the second
+    // The first norm follows the flush and the lead-in, not an add as in a model: the second
     // norm stands for both.
-    if (n.op == OpKind::Attention || i == 0) continue;
+    if (i == 0) continue;
     const OpWork w = op_work(g, n);
     auto& t = pooled[{op_key(g, n), w.flops, w.bytes}];
     t.insert(t.end(), times[i].begin(), times[i].end());

@@ -41,12 +41,20 @@ struct DecodeLayerShape {
   int64_t embd, heads, kv_heads, head_dim, ffn;
 };
 
+// Timed passes of the decode layer: at least `min`, then up to `max` while the timed runs took
+// less than `max_us` in all (the median of five passes of a one-token op moved by a quarter
+// between two quick calibrations of a loaded 2-core host).
+struct DecodeLayerPasses {
+  int min = 5, max = 15;
+  double max_us = 60e3;
+};
+
 // One decode layer of shape `d` (Q4_0 projections, an f16 KV cache) run op after op as `run
-// --stats` runs a graph, `passes` times after a warm-up, its products' weights flushed before
-// each pass and `lead_in` run after the flush. One sample per op key and work, the median of its
-// ops' times; empty when `b` cannot run the layer or has no memory for it.
+// --stats` runs a graph, after a warm-up pass, its products' weights flushed before each pass and
+// `lead_in` run after the flush. One sample per op key and work, the median of its ops' times;
+// empty when `b` cannot run the layer or has no memory for it.
 std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const DecodeLayerShape& d,
-                                                             int passes,
+                                                             const DecodeLayerPasses& passes,
                                                              const std::function<void()>& lead_in,
                                                              SplitMix64& rng,
                                                              CalibrationSpent& spent);
