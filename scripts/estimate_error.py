@@ -4,7 +4,8 @@
 Prints the median |estimated - actual| / actual over every timed op; the noise floor (the same
 with each op estimated by the median time of its own op and shape in this very trace: no model
 does better on this run); then per op name and phase (decode: one-token ops; prefill: the
-rest), worst first.
+rest), worst first, with the median estimated / actual (the direction) and how many of the
+group's ops are off by more than 15% (what moves the overall median).
 usage: estimate_error.py TRACE.json [--by-shape]
 """
 import json
@@ -37,7 +38,7 @@ def main():
         tokens = shape[-1] if e["name"] in ("rope", "attention") else shape[1] if len(shape) > 1 else 1
         phase = "any" if e["name"] == "kv_write" else "decode" if tokens == 1 else "prefill"
         key = (e["name"], phase, str(shape) if by_shape else "")
-        groups[key].append((err, args["estimated_us"], e["dur"]))
+        groups[key].append((err, args["estimated_us"], e["dur"], args["estimated_us"] / e["dur"]))
     if not errors:
         sys.exit("no timed ops in the trace (run with --stats and --trace)")
     print(f"median |error| {100 * statistics.median(errors):.1f}% over {len(errors)} timed ops")
@@ -48,10 +49,13 @@ def main():
     rows = []
     for (name, phase, shape), v in groups.items():
         rows.append((statistics.median(x[0] for x in v), name, phase, shape, len(v),
-                     statistics.median(x[1] for x in v), statistics.median(x[2] for x in v)))
-    print(f"{'op':<18} {'phase':<8} {'ops':>5} {'med est us':>11} {'med act us':>11} {'med|err|':>9}")
-    for err, name, phase, shape, n, est, act in sorted(rows, reverse=True):
-        print(f"{name:<18} {phase:<8} {n:>5} {est:>11.1f} {act:>11.1f} {100 * err:>8.1f}% {shape}")
+                     statistics.median(x[1] for x in v), statistics.median(x[2] for x in v),
+                     statistics.median(x[3] for x in v), sum(x[0] > 0.15 for x in v)))
+    print(f"{'op':<18} {'phase':<8} {'ops':>5} {'med est us':>11} {'med act us':>11} {'med|err|':>9}"
+          f" {'est/act':>8} {'>15%':>5}")
+    for err, name, phase, shape, n, est, act, ratio, off in sorted(rows, reverse=True):
+        print(f"{name:<18} {phase:<8} {n:>5} {est:>11.1f} {act:>11.1f} {100 * err:>8.1f}%"
+              f" {ratio:>8.2f} {off:>5} {shape}")
 
 
 if __name__ == "__main__":
