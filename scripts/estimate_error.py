@@ -6,13 +6,36 @@ with each op estimated by the median time of its own op and shape in this very t
 does better on this run); then per op name and phase (decode: one-token ops; prefill: the
 rest), worst first, with the median estimated / actual (the direction) and how many of the
 group's ops are off by more than 15% (what moves the overall median).
-usage: estimate_error.py TRACE.json [--by-shape]
+
+--plan PLAN.txt takes each op's estimate from `tandem plan --ops` output (the run's model, -p,
+-c, -t and --strategy, another --cost-profile) instead of the trace: the run's times held, the
+error of another calibration. Ops in the trace's first graph are the plan's prefill, the rest
+its decode.
+usage: estimate_error.py TRACE.json [--by-shape] [--plan PLAN.txt]
 """
 import json
+import re
 import signal
 import statistics
 import sys
 from collections import defaultdict
+
+
+def plan_estimates(path):
+    """{phase: {node: estimated us}} from `tandem plan --ops` text."""
+    phases, phase = {}, None
+    op_line = re.compile(r"^\s*(\d+)\s+\S+\s+\S+\[[^\]]*\]\s+\S+\s+([\d.]+)\s")
+    with open(path) as f:
+        for line in f:
+            head = re.match(r"^(prefill|decode)\b", line)
+            if head:
+                phase = head.group(1)
+                phases[phase] = {}
+                continue
+            m = op_line.match(line)
+            if m and phase:
+                phases[phase][int(m.group(1))] = float(m.group(2))
+    return phases
 
 
 def main():
@@ -20,15 +43,25 @@ def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     by_shape = "--by-shape" in sys.argv
+    plan = plan_estimates(sys.argv[sys.argv.index("--plan") + 1]) if "--plan" in sys.argv else None
     with open(sys.argv[1]) as f:
         events = json.load(f)["traceEvents"]
+    graphs = sorted((e for e in events if e.get("cat") == "graph"), key=lambda e: e["ts"])
+    first_graph_end = graphs[0]["ts"] + graphs[0]["dur"] if graphs else float("inf")
     errors = []
     groups = defaultdict(list)
     by_op_shape = defaultdict(list)
+    missing = 0
     for e in events:
         args = e.get("args", {})
         if e.get("cat") != "op" or not args.get("timed") or e["dur"] <= 0:
             continue
+        if plan is not None:
+            estimates = plan.get("prefill" if e["ts"] < first_graph_end else "decode", {})
+            if args.get("node") not in estimates:
+                missing += 1
+                continue
+            args = dict(args, estimated_us=estimates[args["node"]])
         err = abs(args["estimated_us"] - e["dur"]) / e["dur"]
         errors.append(err)
         shape = args.get("shape", [])
@@ -41,6 +74,8 @@ def main():
         groups[key].append((err, args["estimated_us"], e["dur"], args["estimated_us"] / e["dur"]))
     if not errors:
         sys.exit("no timed ops in the trace (run with --stats and --trace)")
+    if missing:
+        print(f"{missing} timed ops not in the plan")
     print(f"median |error| {100 * statistics.median(errors):.1f}% over {len(errors)} timed ops")
     medians = {k: statistics.median(v) for k, v in by_op_shape.items()}
     floor = [abs(medians[k] - d) / d for k, v in by_op_shape.items() for d in v]
