@@ -21,6 +21,7 @@
 #include <cpuid.h>
 #endif
 
+#include "calibration_measure.h"
 #include "cost_model_json.h"
 #include "tandem/blocks.h"
 #include "tandem/bytes.h"
@@ -193,17 +194,14 @@ void fit_base_figures(BackendProfile& p) {
 
 namespace {
 
-// Where a decode step or a prompt's first token is timed: a short conversation's positions
-// (RoPE's sines and cosines cost more at larger angles).
-constexpr int64_t kFirstPosition = 20;
-
 struct Budget {
   int reps;             // timed runs per shape (after one warm-up)
   int tiny_reps;        // for the launch-cost op
   double max_point_us;  // stop repeating a shape once its runs took this long (at least 3)
+  detail::DecodeLayerPasses layer_passes;
 };
-constexpr Budget kQuickBudget{5, 31, 60e3};
-constexpr Budget kFullBudget{11, 101, 600e3};
+constexpr Budget kQuickBudget{5, 31, 60e3, {5, 15, 60e3}};
+constexpr Budget kFullBudget{11, 101, 600e3, {11, 33, 600e3}};
 constexpr double kQuickMaxRunUs = 20e3;
 
 // Host data for one tensor: random values in [-1, 1] (converted to its dtype), written one row
@@ -225,21 +223,6 @@ void fill_host_data(const TensorDesc& t, int64_t pos_end, int64_t id_limit, Spli
   const size_t rb = row_bytes(t.dtype, row), bytes = t.bytes();
   from_f32(t.dtype, values.data(), out, row);
   for (size_t off = rb; off + rb <= bytes; off += rb) std::memcpy(out + off, out, rb);
-}
-
-// A buffer on `b` holding fill_host_data's values: written in place on host memory (a large
-// weight costs its page faults once), else through a host copy.
-Buffer buffer_with_data(Backend& b, const TensorDesc& t, int64_t pos_end, int64_t id_limit,
-                        SplitMix64& rng) {
-  Buffer buffer = b.allocate(std::max<size_t>(t.bytes(), 1));
-  if (b.host_accessible()) {
-    fill_host_data(t, pos_end, id_limit, rng, static_cast<uint8_t*>(buffer.data()));
-  } else {
-    std::vector<uint8_t> data(t.bytes());
-    fill_host_data(t, pos_end, id_limit, rng, data.data());
-    b.copy_from_host(buffer.data(), data.data(), data.size());
-  }
-  return buffer;
 }
 
 // In a model's graph an op's inputs were mostly written or streamed long enough before that the
@@ -280,6 +263,25 @@ void flush_lines(const char* p, size_t bytes) {
 constexpr size_t kFlushBytesPerThread = size_t(8) << 20;
 constexpr unsigned kMaxFlushThreads = 8;
 
+}  // namespace
+
+namespace detail {
+
+// A buffer on `b` holding fill_host_data's values: written in place on host memory (a large
+// weight costs its page faults once), else through a host copy.
+Buffer buffer_with_data(Backend& b, const TensorDesc& t, int64_t pos_end, int64_t id_limit,
+                        SplitMix64& rng) {
+  Buffer buffer = b.allocate(std::max<size_t>(t.bytes(), 1));
+  if (b.host_accessible()) {
+    fill_host_data(t, pos_end, id_limit, rng, static_cast<uint8_t*>(buffer.data()));
+  } else {
+    std::vector<uint8_t> data(t.bytes());
+    fill_host_data(t, pos_end, id_limit, rng, data.data());
+    b.copy_from_host(buffer.data(), data.data(), data.size());
+  }
+  return buffer;
+}
+
 void flush_from_caches(const void* data, size_t bytes) {
 #if defined(__x86_64__) || defined(__i386__)
   const auto* p = static_cast<const char*>(data);
@@ -303,6 +305,16 @@ void flush_from_caches(const void* data, size_t bytes) {
 #endif
 }
 
+}  // namespace detail
+
+namespace {
+
+using detail::buffer_with_data;
+using detail::CalibrationSpent;
+using detail::flush_from_caches;
+using detail::kFirstPosition;
+using detail::seconds_since;
+
 class Calibrator {
  public:
   Calibrator(Backend& backend, const CalibrationOptions& options)
@@ -318,9 +330,13 @@ class Calibrator {
     measure_launch();
     if (b_.kind() == BackendKind::Cpu && b_.host_accessible()) {
       // LLaMA 3.2 1B's and 3.1 8B's layers.
-      for (const BlockShape& d :
-           {BlockShape{2048, 32, 8, 64, 8192}, BlockShape{4096, 32, 8, 128, 14336}}) {
-        measure_decode_block(d);
+      for (const detail::DecodeLayerShape& d :
+           {detail::DecodeLayerShape{2048, 32, 8, 64, 8192},
+            detail::DecodeLayerShape{4096, 32, 8, 128, 14336}}) {
+        for (const auto& [key, sample] : detail::measure_decode_layer(
+                 b_, d, budget_.layer_passes, [this] { lead_in(); }, rng_, spent_)) {
+          add_sample(key, sample);
+        }
       }
       say("decode blocks");
     }
@@ -336,9 +352,6 @@ class Calibrator {
 
  private:
   using Clock = std::chrono::steady_clock;
-  static double seconds_since(Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-  }
 
   // Each line ends with the seconds since calibration of this backend began and, for the ops
   // timed since the last line, the seconds spent preparing inputs, flushing them from the caches
@@ -494,7 +507,7 @@ class Calibrator {
     if (known != profile_.op_samples.end() && has_sample(known->second, w)) return;
     double us = 0.0;
     if (!time_node(g, node_id, budget_.reps, pos_end, id_limit, us)) return;
-    add_sample(key, w, us);
+    add_sample(key, {w.flops, w.bytes, us});
   }
 
   // A shape the decode block measured in place is not measured again alone.
@@ -502,114 +515,13 @@ class Calibrator {
     return std::any_of(samples.begin(), samples.end(),
                        [&](const OpSample& s) { return s.flops == w.flops && s.bytes == w.bytes; });
   }
-  void add_sample(const OpKey& key, const OpWork& w, double us) {
+  void add_sample(const OpKey& key, OpSample sample) {
+    sample.us = std::max(sample.us, 1e-3);
     std::vector<OpSample>& samples = profile_.op_samples[key];
-    samples.push_back({w.flops, w.bytes, std::max(us, 1e-3)});
+    samples.push_back(sample);
     std::sort(samples.begin(), samples.end(), [](const OpSample& a, const OpSample& b) {
       return a.flops + a.bytes < b.flops + b.bytes;
     });
-  }
-
-  // One decode layer of a LLaMA model with these dimensions, run op after op as `run --stats`
-  // runs a graph, its products' weights flushed before each pass. Timed alone, a one-token op of
-  // a few microseconds misses what it finds in a graph (inputs written by other threads, code and
-  // pages cold after a product, small weights still in a large L3), either way by up to 3x.
-  struct BlockShape {
-    int64_t embd, heads, kv_heads, head_dim, ffn;
-  };
-  static constexpr int64_t kBlockCache = 256;
-
-  void measure_decode_block(const BlockShape& d) {
-    Graph g;
-    const int64_t q_rows = d.heads * d.head_dim, kv_rows = d.kv_heads * d.head_dim;
-    TensorId x = g.input("x", DType::F32, {d.embd, 1});
-    TensorId pos = g.input("pos", DType::I32, {1});
-    TensorId kc = g.kv_cache("k", DType::F16, {d.head_dim, d.kv_heads, kBlockCache});
-    TensorId vc = g.kv_cache("v", DType::F16, {d.head_dim, d.kv_heads, kBlockCache});
-    auto weight = [&](const char* name, int64_t k, int64_t m) {
-      return g.weight(name, DType::Q4_0, {k, m});
-    };
-    TensorId h = g.rms_norm(x, g.weight("attn_norm", DType::F32, {d.embd}), 1e-5f);
-    TensorId q = g.reshape(g.matmul(weight("wq", d.embd, q_rows), h), {d.head_dim, d.heads, 1});
-    TensorId k = g.reshape(g.matmul(weight("wk", d.embd, kv_rows), h), {d.head_dim, d.kv_heads, 1});
-    TensorId v = g.reshape(g.matmul(weight("wv", d.embd, kv_rows), h), {d.head_dim, d.kv_heads, 1});
-    const int32_t n_rot = int32_t(d.head_dim);
-    q = g.rope(q, pos, n_rot, 500000.0f);
-    k = g.rope(k, pos, n_rot, 500000.0f);
-    TensorId kw = g.kv_write(kc, k, pos), vw = g.kv_write(vc, v, pos);
-    TensorId a =
-        g.reshape(g.attention(q, kw, vw, pos, 1.0f / std::sqrt(float(d.head_dim))), {q_rows, 1});
-    TensorId r = g.add(x, g.matmul(weight("wo", q_rows, d.embd), a));
-    TensorId f = g.rms_norm(r, g.weight("ffn_norm", DType::F32, {d.embd}), 1e-5f);
-    TensorId s = g.swiglu(g.matmul(weight("gate", d.embd, d.ffn), f),
-                          g.matmul(weight("up", d.embd, d.ffn), f));
-    // The layer's output is the next one's input: the last add writes x, as in a model.
-    const TensorId out = g.add(r, g.matmul(weight("down", d.ffn, d.embd), s));
-
-    const Clock::time_point setup = Clock::now();
-    std::map<TensorId, Buffer> buffers;
-    std::vector<TensorId> streamed;  // weights of the products: flushed before every pass
-    try {
-      for (const Node& n : g.nodes()) {
-        const TensorDesc& t = g.tensor(n.id);
-        if (t.is_view() || n.id == out) continue;
-        if (is_compute(n.op)) {
-          // A backend that cannot run the block keeps the isolated measurements alone.
-          if (!b_.can_execute(g, n)) return;
-          buffers[n.id] = b_.allocate(std::max<size_t>(t.bytes(), 1));
-          continue;
-        }
-        buffers[n.id] = buffer_with_data(b_, t, kFirstPosition + 1, 0, rng_);
-        if (n.op == OpKind::Weight && dtype_traits(t.dtype).is_quantized) streamed.push_back(n.id);
-      }
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::OutOfMemory) throw;
-      return;
-    }
-    auto data_of = [&](TensorId id) {
-      const TensorDesc& t = g.tensor(id);
-      auto* base = static_cast<uint8_t*>(buffers.at(id == out ? x : g.storage_of(id)).data());
-      return static_cast<void*>(base + (t.is_view() ? t.view_offset : 0));
-    };
-    std::vector<NodeExecution> execs;
-    for (const Node& n : g.nodes()) {
-      if (is_compute(n.op)) execs.push_back(execution_of(g, n, data_of));
-    }
-    spent_.setup += seconds_since(setup);
-    std::vector<std::vector<double>> times(execs.size());
-    for (int pass = 0; pass <= budget_.reps; ++pass) {  // pass 0 warms up
-      const Clock::time_point flush = Clock::now();
-      for (TensorId w : streamed) flush_from_caches(buffers[w].data(), buffers[w].bytes());
-      spent_.flush += seconds_since(flush);
-      const Clock::time_point run = Clock::now();
-      lead_in();  // wakes the pool after the flush
-      for (size_t i = 0; i < execs.size(); ++i) {
-        b_.timer_start();
-        b_.execute(g, execs[i]);
-        const double us = b_.timer_stop_us();
-        if (pass > 0) times[i].push_back(us);
-      }
-      spent_.runs += seconds_since(run);
-    }
-    // Ops of the same key and work (k and v, the two adds) make one sample.
-    std::map<std::tuple<OpKey, double, double>, std::vector<double>> pooled;
-    for (size_t i = 0; i < execs.size(); ++i) {
-      const Node& n = *execs[i].node;
-      // Attention here reads the cache up to kFirstPosition; its samples read all of it. The
-      // first norm follows the flush and the lead-in, not an add as in a model: the second
-      // norm stands for both.
-      if (n.op == OpKind::Attention || i == 0) continue;
-      const OpWork w = op_work(g, n);
-      auto& t = pooled[{op_key(g, n), w.flops, w.bytes}];
-      t.insert(t.end(), times[i].begin(), times[i].end());
-    }
-    for (auto& [what, t] : pooled) {
-      const auto& [key, flops, bytes] = what;
-      OpWork w;
-      w.flops = flops;
-      w.bytes = bytes;
-      add_sample(key, w, median(std::move(t)));
-    }
   }
 
   void measure_launch() {
@@ -825,9 +737,7 @@ class Calibrator {
   const CalibrationOptions& options_;
   Budget budget_;
   Clock::time_point start_;
-  struct Spent {
-    double setup = 0.0, flush = 0.0, runs = 0.0;
-  } spent_;
+  CalibrationSpent spent_;
   BackendProfile profile_;
   SplitMix64 rng_{0x5EED};
 };

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "calibration_measure.h"
 #include "tandem/calibration.h"
 #include "tandem/error.h"
 #include "tandem/registry.h"
@@ -488,7 +489,12 @@ TEST(Calibration, CpuTimesTheOpsOfADecodeLayerAtTheirOwnShapes) {
   TensorId written = g.kv_write(g.kv_cache("k", DType::F16, {64, 8, 256}), roped, pos);
   TensorId gate = g.input("gate", DType::F32, {8192, 1});
   TensorId glu = g.swiglu(gate, g.input("up", DType::F32, {8192, 1}));
-  for (TensorId id : {g.node(k).inputs[0], roped, written, glu}) {
+  // Attention over a cache as long as the layer's, every key read.
+  const int64_t cache = detail::kFirstPosition + 1;
+  TensorId attended = g.attention(g.input("q", DType::F32, {64, 32, 1}),
+                                  g.kv_cache("kc", DType::F16, {64, 8, cache}),
+                                  g.kv_cache("vc", DType::F16, {64, 8, cache}), pos, 0.125f);
+  for (TensorId id : {g.node(k).inputs[0], roped, written, glu, attended}) {
     const Node& n = g.node(id);
     const OpKey key = op_key(g, n);
     const OpWork w = op_work(g, n);
@@ -503,6 +509,41 @@ TEST(Calibration, CpuTimesTheOpsOfADecodeLayerAtTheirOwnShapes) {
     const double want = std::max(same->us, p.launch_us);
     EXPECT_NEAR(CostModel::estimate(g, n, p).compute_us, want, 1e-6 * want + 0.01)
         << op_key_name(key) << ": sample " << same->us << " us, launch " << p.launch_us << " us";
+  }
+}
+
+TEST(Calibration, DecodeLayerRunsItsPassesAndTimesAttentionOverItsWholeCache) {
+  // A small layer on reference kernels. Its 17 ops run once to warm up, then `min` passes, then
+  // more up to `max` while the timed runs stay under `max_us`: 0 us stops at `min`, a day runs
+  // to `max`.
+  const detail::DecodeLayerShape tiny{64, 4, 2, 16, 128};
+  constexpr int kLayerOps = 17;
+  for (const auto& [passes, want] :
+       {std::pair{detail::DecodeLayerPasses{2, 6, 0.0}, 2}, {{2, 6, 86400e6}, 6}}) {
+    auto b = test::make_cpu("cpu");
+    SplitMix64 rng(7);
+    detail::CalibrationSpent spent;
+    int lead_ins = 0;
+    const auto samples = detail::measure_decode_layer(
+        *b, tiny, passes, [&] { ++lead_ins; }, rng, spent);
+    EXPECT_EQ(b->executed, (want + 1) * kLayerOps) << passes.max_us;
+    EXPECT_EQ(lead_ins, want + 1);
+    // Attention's sample reads every key of the layer's cache: the token sits at its last
+    // position, the planning bound the estimate assumes.
+    Graph g;
+    TensorId q = g.input("q", DType::F32, {16, 4, 1});
+    const int64_t cache = detail::kFirstPosition + 1;
+    TensorId kc = g.kv_cache("k", DType::F16, {16, 2, cache});
+    TensorId vc = g.kv_cache("v", DType::F16, {16, 2, cache});
+    TensorId a = g.attention(q, kc, vc, g.input("pos", DType::I32, {1}), 0.25f);
+    const OpKey key = op_key(g, g.node(a));
+    const OpWork w = op_work(g, g.node(a));
+    EXPECT_EQ(std::count_if(samples.begin(), samples.end(),
+                            [&](const auto& s) {
+                              return s.first == key && s.second.flops == w.flops &&
+                                     s.second.bytes == w.bytes && s.second.us > 0.0;
+                            }),
+              1);
   }
 }
 

@@ -1,0 +1,124 @@
+// Calibration's decode layer: timed in place, a one-token op of a few microseconds sees what it
+// sees in a graph (inputs written by other threads, code and pages cold after a product, small
+// weights still in a large L3), which timed alone it misses either way by up to 3x.
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "calibration_measure.h"
+#include "tandem/error.h"
+
+namespace tandem::detail {
+
+namespace {
+// The layer's token sits at the last position of its KV caches: attention reads every key, as
+// its estimate (the planning bound) assumes of a cache this long.
+constexpr int64_t kDecodeLayerCache = kFirstPosition + 1;
+}  // namespace
+
+std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const DecodeLayerShape& d,
+                                                             const DecodeLayerPasses& passes,
+                                                             const std::function<void()>& lead_in,
+                                                             SplitMix64& rng,
+                                                             CalibrationSpent& spent) {
+  using Clock = std::chrono::steady_clock;
+  Graph g;
+  const int64_t q_rows = d.heads * d.head_dim, kv_rows = d.kv_heads * d.head_dim;
+  TensorId x = g.input("x", DType::F32, {d.embd, 1});
+  TensorId pos = g.input("pos", DType::I32, {1});
+  TensorId kc = g.kv_cache("k", DType::F16, {d.head_dim, d.kv_heads, kDecodeLayerCache});
+  TensorId vc = g.kv_cache("v", DType::F16, {d.head_dim, d.kv_heads, kDecodeLayerCache});
+  auto weight = [&](const char* name, int64_t k, int64_t m) {
+    return g.weight(name, DType::Q4_0, {k, m});
+  };
+  TensorId h = g.rms_norm(x, g.weight("attn_norm", DType::F32, {d.embd}), 1e-5f);
+  TensorId q = g.reshape(g.matmul(weight("wq", d.embd, q_rows), h), {d.head_dim, d.heads, 1});
+  TensorId k = g.reshape(g.matmul(weight("wk", d.embd, kv_rows), h), {d.head_dim, d.kv_heads, 1});
+  TensorId v = g.reshape(g.matmul(weight("wv", d.embd, kv_rows), h), {d.head_dim, d.kv_heads, 1});
+  const int32_t n_rot = int32_t(d.head_dim);
+  q = g.rope(q, pos, n_rot, 500000.0f);
+  k = g.rope(k, pos, n_rot, 500000.0f);
+  TensorId kw = g.kv_write(kc, k, pos), vw = g.kv_write(vc, v, pos);
+  TensorId a =
+      g.reshape(g.attention(q, kw, vw, pos, 1.0f / std::sqrt(float(d.head_dim))), {q_rows, 1});
+  TensorId r = g.add(x, g.matmul(weight("wo", q_rows, d.embd), a));
+  TensorId f = g.rms_norm(r, g.weight("ffn_norm", DType::F32, {d.embd}), 1e-5f);
+  TensorId s = g.swiglu(g.matmul(weight("gate", d.embd, d.ffn), f),
+                        g.matmul(weight("up", d.embd, d.ffn), f));
+  // The layer's output is the next one's input: the last add writes x, as in a model.
+  const TensorId out = g.add(r, g.matmul(weight("down", d.ffn, d.embd), s));
+
+  const Clock::time_point setup = Clock::now();
+  std::map<TensorId, Buffer> buffers;
+  // Flushed before every pass: in a model the other layers' weights stream through the caches
+  // between two uses of this layer's, so its products' weights and its KV caches come from
+  // memory (a step writes a row of the cache not touched since, and attention reads the rows
+  // of earlier steps); the small norm weights stay wherever the caches kept them.
+  std::vector<TensorId> flushed;
+  try {
+    for (const Node& n : g.nodes()) {
+      const TensorDesc& t = g.tensor(n.id);
+      if (t.is_view() || n.id == out) continue;
+      if (is_compute(n.op)) {
+        // A backend that cannot run the layer keeps the isolated measurements alone.
+        if (!b.can_execute(g, n)) return {};
+        buffers[n.id] = b.allocate(std::max<size_t>(t.bytes(), 1));
+        continue;
+      }
+      buffers[n.id] = buffer_with_data(b, t, kFirstPosition + 1, 0, rng);
+      if ((n.op == OpKind::Weight && dtype_traits(t.dtype).is_quantized) || n.op == OpKind::KvCache)
+        flushed.push_back(n.id);
+    }
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::OutOfMemory) throw;
+    return {};
+  }
+  auto data_of = [&](TensorId id) {
+    const TensorDesc& t = g.tensor(id);
+    auto* base = static_cast<uint8_t*>(buffers.at(id == out ? x : g.storage_of(id)).data());
+    return static_cast<void*>(base + (t.is_view() ? t.view_offset : 0));
+  };
+  std::vector<NodeExecution> execs;
+  for (const Node& n : g.nodes()) {
+    if (is_compute(n.op)) execs.push_back(execution_of(g, n, data_of));
+  }
+  spent.setup += seconds_since(setup);
+  std::vector<std::vector<double>> times(execs.size());
+  double timed_us = 0.0;
+  for (int pass = 0; pass <= passes.max && (pass <= passes.min || timed_us < passes.max_us);
+       ++pass) {  // pass 0 warms up
+    const Clock::time_point flush = Clock::now();
+    for (TensorId id : flushed) flush_from_caches(buffers[id].data(), buffers[id].bytes());
+    spent.flush += seconds_since(flush);
+    const Clock::time_point run = Clock::now();
+    lead_in();  // wakes the pool after the flush
+    for (size_t i = 0; i < execs.size(); ++i) {
+      b.timer_start();
+      b.execute(g, execs[i]);
+      const double us = b.timer_stop_us();
+      if (pass == 0) continue;
+      times[i].push_back(us);
+      timed_us += us;
+    }
+    spent.runs += seconds_since(run);
+  }
+  // Ops of the same key and work (k and v, the two adds) make one sample.
+  std::map<std::tuple<OpKey, double, double>, std::vector<double>> pooled;
+  for (size_t i = 0; i < execs.size(); ++i) {
+    const Node& n = *execs[i].node;
+    // The first norm follows the flush and the lead-in, not an add as in a model: the second
+    // norm stands for both.
+    if (i == 0) continue;
+    const OpWork w = op_work(g, n);
+    auto& t = pooled[{op_key(g, n), w.flops, w.bytes}];
+    t.insert(t.end(), times[i].begin(), times[i].end());
+  }
+  std::vector<std::pair<OpKey, OpSample>> samples;
+  for (auto& [what, t] : pooled) {
+    const auto& [key, flops, bytes] = what;
+    samples.push_back({key, OpSample{flops, bytes, median(std::move(t))}});
+  }
+  return samples;
+}
+
+}  // namespace tandem::detail

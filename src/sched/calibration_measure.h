@@ -1,0 +1,62 @@
+// Internal: what calibration's isolated measurements (calibration.cpp) and its decode layer run in
+// place (calibration_decode.cpp) share.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "tandem/backend.h"
+#include "tandem/cost_model.h"
+#include "tandem/hash.h"
+
+namespace tandem::detail {
+
+// Where a decode step or a prompt's first token is timed: a short conversation's positions
+// (RoPE's sines and cosines cost more at larger angles).
+inline constexpr int64_t kFirstPosition = 20;
+
+// A buffer on `b` holding random values in [-1, 1] (converted to t's dtype); I32 positions count
+// up to `pos_end`, or row ids stay below `id_limit` where it is > 0.
+Buffer buffer_with_data(Backend& b, const TensorDesc& t, int64_t pos_end, int64_t id_limit,
+                        SplitMix64& rng);
+
+// Writes `bytes` at `data` back to DRAM and drops them from every CPU cache (no-op elsewhere).
+void flush_from_caches(const void* data, size_t bytes);
+
+// Seconds spent preparing inputs, flushing them from the caches and running ops.
+struct CalibrationSpent {
+  double setup = 0.0, flush = 0.0, runs = 0.0;
+};
+
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The dimensions of a LLaMA layer.
+struct DecodeLayerShape {
+  int64_t embd, heads, kv_heads, head_dim, ffn;
+};
+
+// Timed passes of the decode layer: at least `min`, then up to `max` while the timed runs took
+// less than `max_us` in all (the median of five passes of a one-token op moved by a quarter
+// between two quick calibrations of a loaded 2-core host).
+struct DecodeLayerPasses {
+  int min = 5, max = 15;
+  double max_us = 60e3;
+};
+
+// One decode layer of shape `d` (Q4_0 projections, an f16 KV cache) run op after op as `run
+// --stats` runs a graph, after a warm-up pass, its products' weights and its KV caches flushed
+// before each pass and `lead_in` run after the flush. One sample per op key and work, the median
+// of its ops' times; empty when `b` cannot run the layer or has no memory for it.
+std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const DecodeLayerShape& d,
+                                                             const DecodeLayerPasses& passes,
+                                                             const std::function<void()>& lead_in,
+                                                             SplitMix64& rng,
+                                                             CalibrationSpent& spent);
+
+}  // namespace tandem::detail
