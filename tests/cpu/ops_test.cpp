@@ -283,6 +283,14 @@ std::vector<OpCase> all_cases() {
                              g.input("p", DType::I32, {1}), 0.088f);
         },
         kMatMul, 300);
+    add(  // under 256 keys: one chunk, normalized in place without the merge pass
+        "attention_decode_short_" + t,
+        [=](Graph& g) {
+          return g.attention(g.input("q", DType::F32, {64, 8, 1}),
+                             g.kv_cache("k", kv, {64, 2, 200}), g.kv_cache("v", kv, {64, 2, 200}),
+                             g.input("p", DType::I32, {1}), 0.125f);
+        },
+        kMatMul, 200);
     add(
         "kv_write_" + t,
         [=](Graph& g) {
