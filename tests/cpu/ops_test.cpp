@@ -404,6 +404,30 @@ TEST(CpuOpsAmx, CanBeSwitchedOff) {
   }
 }
 
+// The cos/sin table is reused while positions, n_rot and base are the same: calls that change
+// one of them (or repeat them exactly) must each still match the reference.
+TEST(CpuOpsRope, TableFollowsPositionsAndParameters) {
+  CpuBackend cpu(3);
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto rope_case = [](int32_t n_rot, float base, bool neox) {
+    return OpCase{"rope",
+                  [=](Graph& g) {
+                    TensorId x = g.input("x", DType::F32, {128, 3, 4});
+                    TensorId p = g.input("p", DType::I32, {4});
+                    return neox ? g.rope_neox(x, p, n_rot, base) : g.rope(x, p, n_rot, base);
+                  },
+                  kRope, 100000};
+  };
+  const OpCase cases[] = {rope_case(64, 10000.0f, false), rope_case(64, 10000.0f, false),
+                          rope_case(64, 500000.0f, false), rope_case(32, 500000.0f, false),
+                          rope_case(32, 500000.0f, true)};
+  for (const OpCase& c : cases)
+    for (uint32_t s : {seed, seed + 1, seed + 1, seed}) {
+      EXPECT_LE(compare_with_reference(cpu, c, s), kRope) << s;
+    }
+}
+
 TEST(CpuOpsErrors, BadPositionsAndIdsThrow) {
   CpuBackend cpu(2);
   Graph g;
