@@ -60,8 +60,8 @@ class ThreadPool {
 
  private:
   void worker_loop();
-  // Claims the next unrun part of job `generation`; false when none is left (or the job is
-  // another one).
+  // Claims the next unrun part if job `generation` still has one; false otherwise. The part
+  // claimed may be a newer job's, published since (then it is that job's to run).
   bool claim(uint32_t generation, int* part);
   void run_part(int part);
 
