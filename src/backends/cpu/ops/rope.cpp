@@ -33,7 +33,8 @@ struct RopeTable {
 
 const RopeTable& rope_table(ThreadPool& pool, const int32_t* pos, int64_t n, int64_t n_rot,
                             float freq_base) {
-  thread_local RopeTable table;  // the calling thread's: ops of one backend run on one thread
+  thread_local RopeTable tls_table;  // the calling thread's: a backend's ops run on one thread
+  RopeTable& table = tls_table;      // the caller's, also inside worker tasks
   if (table.n_rot == n_rot && table.freq_base == freq_base && table.positions.size() == size_t(n) &&
       std::equal(pos, pos + n, table.positions.begin())) {
     return table;
