@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 
 #include "../kernels.h"
 #include "../thread_pool.h"
@@ -44,6 +45,15 @@ void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, si
 // (products too small for 8-bit activations, see int8_activations).
 void exact_matmul_2d(const Kernels& k, DType dtype, const uint8_t* w, size_t wrb, const float* b,
                      float* out, int64_t M, int64_t N, int64_t K);
+
+// Consecutive QuantizedMatMuls of one activation input (Q, K and V; gate and up): the number
+// at the start of execs that quantized_matmul_group runs as one (1: run the first alone). Each
+// is a Q4_0 / Q8_0 product for the integer tiles, and no output shares memory with another or
+// with the input.
+size_t quantized_matmul_group_size(const OpContext& ctx, std::span<const NodeExecution> execs);
+// Quantizes the shared input once and splits the rows of all the products over the pool in one
+// job; every output has the bits the products give one by one.
+void quantized_matmul_group(const OpContext& ctx, std::span<const NodeExecution> group);
 
 // AMX tiles (OpContext::amx) pay off for quantized products from one full 16-column tile.
 inline constexpr int64_t kAmxMinCols = 16;
