@@ -249,6 +249,16 @@ std::vector<OpCase> all_cases() {
         },
         kMatMul, 6);
   }
+  for (DType d : {DType::Q4_0, DType::Q8_0}) {
+    add(  // decode: one token, every choice reads its one column (quantized once); ids repeat
+        "expert_matmul_one_token_" + std::string(dtype_name(d)),
+        [=](Graph& g) {
+          return g.expert_matmul(g.weight("a", d, {96, 40, 6}),
+                                 g.input("b", DType::F32, {96, 1, 1}),
+                                 g.input("i", DType::I32, {5, 1}));
+        },
+        kMatMul, 6);
+  }
   add(
       "expert_matmul_column_per_choice",
       [](Graph& g) {
