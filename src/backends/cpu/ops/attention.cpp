@@ -3,6 +3,7 @@
 // each K/V row is read from memory once per group; a decode step with few kv heads still
 // splits over threads by chunks of the context. Chunks' partial states merge at the end.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -54,10 +55,16 @@ void run_attention(const OpContext& ctx, const NodeExecution& e) {
   };
   const int64_t row_stride = Hkv * D;  // elements between cache positions
 
-  ctx.pool.parallel_for(T * Hkv * chunks, 1, [&](int64_t i0, int64_t i1) {
+  // Every thread claims items one at a time, the last tokens (most keys, in a prefill) first: a
+  // prefill's token t reads t + 1 keys, and contiguous ranges of items left the last thread with
+  // most of the work (twice the mean with many threads).
+  const int64_t items = T * Hkv * chunks;
+  std::atomic<int64_t> next_item{0};
+  auto run_items = [&](int) {
     std::vector<float> score(static_cast<size_t>(kKeyBlock * group));
     std::vector<PartialState> own(single_chunk ? size_t(group) : 0);
-    for (int64_t item = i0; item < i1; ++item) {
+    for (int64_t claimed; (claimed = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
+      const int64_t item = items - 1 - claimed;
       const int64_t chunk = item % chunks, hk = (item / chunks) % Hkv, t = item / (chunks * Hkv);
       const int64_t n_kv = int64_t(pos[t]) + 1;
       const int64_t j_begin = chunk * chunk_keys, j_end = std::min(n_kv, j_begin + chunk_keys);
@@ -108,7 +115,12 @@ void run_attention(const OpContext& ctx, const NodeExecution& e) {
         for (int64_t g = 0; g < group; ++g) kn.scale(acc + g * D, 1.0f / st[g].sum, acc + g * D, D);
       }
     }
-  });
+  };
+  if (items == 1) {
+    run_items(0);
+  } else {
+    ctx.pool.run(run_items);
+  }
   if (single_chunk) return;
 
   // Merge the chunks of each (token, head): rescale every chunk to the overall maximum.
