@@ -21,8 +21,14 @@ void amx_matmul_2d(ThreadPool& pool, bool q4, const uint8_t* w, size_t wrb,
   constexpr int64_t T = amx::kTile;
   const int64_t K = act.k, nb = K / kQuantBlock;
   const int64_t col_tiles = (N + T - 1) / T, panels = (M + T - 1) / T;
-  std::vector<int8_t> bp(static_cast<size_t>(col_tiles * nb * 512));
-  std::vector<float> dap(static_cast<size_t>(col_tiles * nb * T));
+  // Packed activations survive across calls (the caller's, also inside worker tasks): a
+  // prefill's products allocated and zeroed 1-4 MiB each, on one thread, before any work.
+  thread_local std::vector<int8_t> tls_bp;
+  thread_local std::vector<float> tls_dap;
+  std::vector<int8_t>& bp = tls_bp;
+  std::vector<float>& dap = tls_dap;
+  bp.resize(static_cast<size_t>(col_tiles * nb * 512));
+  dap.resize(static_cast<size_t>(col_tiles * nb * T));
   pool.parallel_for(col_tiles, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t ct = c0; ct < c1; ++ct) {
       const int cols = int(std::min<int64_t>(T, N - ct * T));
@@ -31,8 +37,12 @@ void amx_matmul_2d(ThreadPool& pool, bool q4, const uint8_t* w, size_t wrb,
     }
   });
   pool.parallel_for(panels, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<int8_t> wp(static_cast<size_t>(nb * T * 32));
-    std::vector<float> wd(static_cast<size_t>(nb * T)), tile(static_cast<size_t>(T * T));
+    // Per running thread (this lambda runs on the workers): unpacked weight panels.
+    thread_local std::vector<int8_t> wp;
+    thread_local std::vector<float> wd, tile;
+    wp.resize(static_cast<size_t>(nb * T * 32));
+    wd.resize(static_cast<size_t>(nb * T));
+    tile.resize(static_cast<size_t>(T * T));
     amx::configure_tiles();
     for (int64_t p = p0; p < p1; ++p) {
       const int rows = int(std::min<int64_t>(T, M - p * T));
