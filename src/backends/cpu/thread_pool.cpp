@@ -201,4 +201,21 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   });
 }
 
+void ThreadPool::parallel_chunks(int64_t n, int64_t chunk,
+                                 const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  chunk = std::max<int64_t>(chunk, 1);
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  if (chunks == 1 || workers_.empty() || tls_running_pool == this) {
+    fn(0, n);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  run([&](int) {
+    for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+      fn(c * chunk, std::min(n, (c + 1) * chunk));
+    }
+  });
+}
+
 }  // namespace tandem::cpu

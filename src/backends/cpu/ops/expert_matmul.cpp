@@ -2,8 +2,9 @@
 // The (token, choice) pairs are grouped by expert and each chosen expert's weights multiply all
 // of its pairs' columns: every expert's weights are read once per call, and experts nobody chose
 // are not read at all. Q4_0 / Q8_0 weights take all experts in one pass over the pool (columns
-// quantized once, then every (expert, row chunk) as one work item); K-quant and float weights,
-// and products too small for 8-bit activations, run one dense product per expert.
+// quantized once, then every (expert, row chunk) as one work item, claimed by the threads as
+// they go); K-quant and float weights, and products too small for 8-bit activations, run one
+// dense product per expert.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -94,7 +95,7 @@ void quantized_experts(const OpContext& ctx, const TensorDesc& a, const uint8_t*
     for (int64_t m = 0; m < M; m += kItemRows) s.items.emplace_back(int32_t(x), int32_t(m));
   }
   const auto tile = quantized_tile(kern, a.dtype);
-  ctx.pool.parallel_for(int64_t(s.items.size()), 1, [&](int64_t i0, int64_t i1) {
+  ctx.pool.parallel_chunks(int64_t(s.items.size()), 1, [&](int64_t i0, int64_t i1) {
     std::vector<int8_t> wp;
     std::vector<float> wd, out_tile;
     bool configured = false;

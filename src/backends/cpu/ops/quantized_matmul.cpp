@@ -95,11 +95,14 @@ void k_quant_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, size
                                                      scratch.sums.data() + c * n_sums);
                           }
                         });
-  split_output(ctx.pool, M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
-      tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
-    });
-  });
+  split_output(
+      ctx.pool, M, N,
+      [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+        for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
+          tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
+        });
+      },
+      RowTasks::Claimed);
 }
 
 }  // namespace
@@ -147,11 +150,14 @@ void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, si
     amx_matmul_2d(ctx.pool, dtype == DType::Q4_0, w, wrb, act, out, M, N);
     return;
   }
-  split_output(ctx.pool, M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
-      tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
-    });
-  });
+  split_output(
+      ctx.pool, M, N,
+      [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+        for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
+          tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
+        });
+      },
+      RowTasks::Claimed);
 }
 
 namespace {
@@ -216,22 +222,23 @@ void quantized_matmul_group(const OpContext& ctx, std::span<const NodeExecution>
                                  scratch.bias.data() + c * nb * kBiasLanes);
         }
       });
-  ctx.pool.parallel_for(first.back(), kTileRows, [&](int64_t r0, int64_t r1) {
-    for (size_t i = 0; i < group.size(); ++i) {
-      const int64_t m0 = std::max(r0, first[i]) - first[i],
-                    m1 = std::min(r1, first[i + 1]) - first[i];
-      if (m0 >= m1) continue;
-      const NodeExecution& e = group[i];
-      const auto* w = static_cast<const uint8_t*>(e.inputs[0].data);
-      const size_t wrb = size_t(e.inputs[0].desc->nb[1]);
-      const int64_t M = e.inputs[0].desc->ne[1];
-      auto* out = static_cast<float*>(e.output.data);
-      const auto tile = quantized_tile(k, e.inputs[0].desc->dtype);
-      for_each_tile(m0, m1, 0, N, [&](int64_t m, int rows, int64_t n, int cols) {
-        tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
+  ctx.pool.parallel_chunks(
+      first.back(), rows_per_task(first.back(), ctx.pool.size()), [&](int64_t r0, int64_t r1) {
+        for (size_t i = 0; i < group.size(); ++i) {
+          const int64_t m0 = std::max(r0, first[i]) - first[i],
+                        m1 = std::min(r1, first[i + 1]) - first[i];
+          if (m0 >= m1) continue;
+          const NodeExecution& e = group[i];
+          const auto* w = static_cast<const uint8_t*>(e.inputs[0].data);
+          const size_t wrb = size_t(e.inputs[0].desc->nb[1]);
+          const int64_t M = e.inputs[0].desc->ne[1];
+          auto* out = static_cast<float*>(e.output.data);
+          const auto tile = quantized_tile(k, e.inputs[0].desc->dtype);
+          for_each_tile(m0, m1, 0, N, [&](int64_t m, int rows, int64_t n, int cols) {
+            tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
+          });
+        }
       });
-    }
-  });
 }
 
 namespace {
