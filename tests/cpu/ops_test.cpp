@@ -493,8 +493,11 @@ TEST(CpuOpsGroup, SharedInputProductsMatchOneByOne) {
         } else {
           for (const NodeExecution& e : execs) cpu.execute(g, e);
         }
-        // An output inside another's memory ends the group there.
+        // An output inside another's memory, or inside the input, ends the group there.
         execs[1].output.data = execs[0].output.data;
+        EXPECT_EQ(quantized_matmul_group_size(ctx, execs), 1u);
+        execs[1].output.data = outs[1].data();
+        execs[0].output.data = data[size_t(x)].data();
         EXPECT_EQ(quantized_matmul_group_size(ctx, execs), 1u);
         return outs;
       };

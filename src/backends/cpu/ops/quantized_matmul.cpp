@@ -185,6 +185,8 @@ bool groupable(const OpContext& ctx, const NodeExecution& e) {
 size_t quantized_matmul_group_size(const OpContext& ctx, std::span<const NodeExecution> execs) {
   if (execs.empty() || !groupable(ctx, execs[0])) return 1;
   const TensorRef& b = execs[0].inputs[1];
+  // Run one by one, a product writing over b would change what the next ones read.
+  if (overlaps(execs[0].output, b)) return 1;
   size_t n = 1;
   for (; n < execs.size(); ++n) {
     const NodeExecution& e = execs[n];
