@@ -26,6 +26,8 @@ bool covers(const OpCapability& row, OpKind op, size_t n, DTypeAt&& dtype_at, in
 
 bool row_covers(const OpCapability& row, const NodeExecution& exec,
                 const std::vector<std::string>& features) {
+  // Before counting elements: a backend's kernel lookup tests every row, once per op it runs.
+  if (row.op != exec.node->op) return false;
   const size_t n = exec.inputs.size();
   int64_t elements = exec.output.desc->elements();
   for (const TensorRef& in : exec.inputs) elements = std::max(elements, in.desc->elements());
@@ -37,6 +39,7 @@ bool row_covers(const OpCapability& row, const NodeExecution& exec,
 
 bool row_covers(const OpCapability& row, const Graph& graph, const Node& node,
                 const std::vector<std::string>& features) {
+  if (row.op != node.op) return false;
   const size_t n = node.inputs.size();
   return covers(
       row, node.op, n + 1,

@@ -295,6 +295,62 @@ TEST(CpuKernels, DequantizeIsBitExact) {
   }
 }
 
+// The attention row kernels serve several query heads per cache row read; each score must have
+// the bits dot_f32 gives (f16 rows: summed in pieces of 256), each accumulator those of axpy in
+// row order, over odd widths, head counts and tails, on every ISA.
+TEST(CpuKernels, AttentionRowKernelsGiveTheBitsOfDotAndAxpy) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (const Kernels* kt : runnable_tables())
+    for (int64_t n : {16, 37, 64, 128, 300})
+      for (int64_t n_x : {1, 3, 4, 5, 8})
+        for (int64_t n_rows : {1, 7, 64}) {
+          SCOPED_TRACE(std::string(isa_name(kt->isa)) + " n " + std::to_string(n) + " heads " +
+                       std::to_string(n_x) + " rows " + std::to_string(n_rows));
+          const int64_t stride = n + 13;
+          std::vector<float> rf(size_t(n_rows * stride)), xs(size_t(n_x * n)),
+              w(size_t(n_x * n_rows));
+          for (float& v : rf) v = dist(rng);
+          for (float& v : xs) v = dist(rng);
+          for (float& v : w) v = dist(rng);
+          std::vector<uint16_t> rh(rf.size());
+          kt->f32_to_f16(rf.data(), rh.data(), int64_t(rf.size()));
+          std::vector<float> rhf(rf.size());
+          kt->f16_to_f32(rh.data(), rhf.data(), int64_t(rf.size()));
+          std::vector<float> s32(size_t(n_x * n_rows)), s16(s32.size());
+          kt->dot_rows_f32(rf.data(), stride, n_rows, xs.data(), n_x, n, s32.data());
+          kt->dot_rows_f16(rh.data(), stride, n_rows, xs.data(), n_x, n, s16.data());
+          for (int64_t j = 0; j < n_rows; ++j)
+            for (int64_t x = 0; x < n_x; ++x) {
+              const float want32 = kt->dot_f32(rf.data() + j * stride, xs.data() + x * n, n);
+              float want16 = 0.0f;
+              for (int64_t p = 0; p < n; p += 256) {
+                want16 += kt->dot_f32(rhf.data() + j * stride + p, xs.data() + x * n + p,
+                                      std::min<int64_t>(256, n - p));
+              }
+              ASSERT_EQ(s32[size_t(x * n_rows + j)], want32) << "row " << j << " head " << x;
+              ASSERT_EQ(s16[size_t(x * n_rows + j)], want16) << "row " << j << " head " << x;
+            }
+          for (bool half : {false, true}) {
+            std::vector<float> acc(size_t(n_x * n)), want(acc.size());
+            for (size_t i = 0; i < acc.size(); ++i) want[i] = acc[i] = dist(rng);
+            if (half) {
+              kt->accumulate_rows_f16(rh.data(), stride, n_rows, w.data(), n_x, acc.data(), n);
+            } else {
+              kt->accumulate_rows_f32(rf.data(), stride, n_rows, w.data(), n_x, acc.data(), n);
+            }
+            const float* src = half ? rhf.data() : rf.data();
+            for (int64_t j = 0; j < n_rows; ++j)
+              for (int64_t x = 0; x < n_x; ++x) {
+                kt->axpy_f32(w[size_t(x * n_rows + j)], src + j * stride, want.data() + x * n, n);
+              }
+            for (size_t i = 0; i < acc.size(); ++i) ASSERT_EQ(acc[i], want[i]) << "element " << i;
+          }
+        }
+}
+
 TEST(CpuKernels, SoftmaxOfFullyMaskedRowIsZero) {
   for (const Kernels* kt : runnable_tables()) {
     std::vector<float> x(40, 1.0f), mask(40, -INFINITY), out(40, 5.0f);

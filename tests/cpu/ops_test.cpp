@@ -249,6 +249,16 @@ std::vector<OpCase> all_cases() {
         },
         kMatMul, 6);
   }
+  for (DType d : {DType::Q4_0, DType::Q8_0}) {
+    add(  // decode: one token, every choice reads its one column (quantized once); ids repeat
+        "expert_matmul_one_token_" + std::string(dtype_name(d)),
+        [=](Graph& g) {
+          return g.expert_matmul(g.weight("a", d, {96, 40, 6}),
+                                 g.input("b", DType::F32, {96, 1, 1}),
+                                 g.input("i", DType::I32, {5, 1}));
+        },
+        kMatMul, 6);
+  }
   add(
       "expert_matmul_column_per_choice",
       [](Graph& g) {
@@ -283,6 +293,14 @@ std::vector<OpCase> all_cases() {
                              g.input("p", DType::I32, {1}), 0.088f);
         },
         kMatMul, 300);
+    add(  // under 256 keys: one chunk, normalized in place without the merge pass
+        "attention_decode_short_" + t,
+        [=](Graph& g) {
+          return g.attention(g.input("q", DType::F32, {64, 8, 1}),
+                             g.kv_cache("k", kv, {64, 2, 200}), g.kv_cache("v", kv, {64, 2, 200}),
+                             g.input("p", DType::I32, {1}), 0.125f);
+        },
+        kMatMul, 200);
     add(
         "kv_write_" + t,
         [=](Graph& g) {
@@ -394,6 +412,110 @@ TEST(CpuOpsAmx, CanBeSwitchedOff) {
   if (!amx::amx_usable()) {
     EXPECT_THROW(cpu.set_amx(true), Error);
   }
+}
+
+// The cos/sin table is reused while positions, n_rot and base are the same: calls that change
+// one of them (or repeat them exactly) must each still match the reference.
+TEST(CpuOpsRope, TableFollowsPositionsAndParameters) {
+  CpuBackend cpu(3);
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto rope_case = [](int32_t n_rot, float base, bool neox, int64_t tokens = 4) {
+    return OpCase{"rope",
+                  [=](Graph& g) {
+                    TensorId x = g.input("x", DType::F32, {128, 3, tokens});
+                    TensorId p = g.input("p", DType::I32, {tokens});
+                    return neox ? g.rope_neox(x, p, n_rot, base) : g.rope(x, p, n_rot, base);
+                  },
+                  kRope, 100000};
+  };
+  const OpCase cases[] = {rope_case(64, 10000.0f, false),
+                          rope_case(64, 10000.0f, false),
+                          rope_case(64, 500000.0f, false),
+                          rope_case(32, 500000.0f, false),
+                          rope_case(32, 500000.0f, true),
+                          rope_case(64, 500000.0f, false, 300)};  // a table over several tasks
+  for (const OpCase& c : cases)
+    for (uint32_t s : {seed, seed + 1, seed + 1, seed}) {
+      EXPECT_LE(compare_with_reference(cpu, c, s), kRope) << s;
+    }
+}
+
+// execute_segment runs consecutive quantized products of one input as one pool job: every
+// output must have the bits of the same node run alone and match the reference; a product the
+// group cannot take (too few outputs for 8-bit activations) ends it, and so do outputs that
+// share memory.
+TEST(CpuOpsGroup, SharedInputProductsMatchOneByOne) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  constexpr int64_t K = 96;
+  for (int threads : {1, 3})
+    for (int64_t n : {1, 3}) {
+      CpuBackend cpu(threads);
+      Graph g;
+      const TensorId x = g.input("x", DType::F32, {K, n});
+      const std::pair<DType, int64_t> weights[] = {
+          {DType::Q4_0, 37}, {DType::Q8_0, 16}, {DType::Q4_0, 22}, {DType::Q4_0, 6}};
+      std::vector<TensorId> ids;
+      std::vector<std::vector<uint8_t>> data;  // per tensor id
+      data.resize(64);
+      auto fill = [&](TensorId id) {
+        const TensorDesc& d = g.tensor(id);
+        std::vector<float> v(static_cast<size_t>(d.elements()));
+        for (float& f : v) f = dist(rng);
+        data[size_t(id)].resize(d.bytes());
+        for (int64_t r = 0; r < d.rows(); ++r)
+          from_f32(d.dtype, v.data() + r * d.ne[0], data[size_t(id)].data() + r * d.nb[1], d.ne[0]);
+      };
+      fill(x);
+      for (auto [dt, m] : weights) {
+        const TensorId w = g.weight("w" + std::to_string(ids.size()), dt, {K, m});
+        fill(w);
+        ids.push_back(g.matmul(w, x));
+      }
+      auto run = [&](bool segment, bool reference) {
+        std::vector<std::vector<uint8_t>> outs;
+        std::vector<NodeExecution> execs;
+        for (TensorId y : ids) outs.emplace_back(g.tensor(y).bytes());
+        for (size_t i = 0; i < ids.size(); ++i) {
+          execs.push_back(execution_of(g, g.node(ids[i]), [&](TensorId t) -> void* {
+            return t == ids[i] ? outs[i].data() : data[size_t(t)].data();
+          }));
+        }
+        const OpContext ctx{cpu.pool(), kernels_for(cpu.isa())};
+        EXPECT_EQ(quantized_matmul_group_size(ctx, execs), n == 1 ? 3u : 4u);
+        if (reference) {
+          for (const NodeExecution& e : execs) reference_execute(g, e);
+        } else if (segment) {
+          cpu.execute_segment(g, execs, 0);
+        } else {
+          for (const NodeExecution& e : execs) cpu.execute(g, e);
+        }
+        // An output inside another's memory, or inside the input, ends the group there.
+        execs[1].output.data = execs[0].output.data;
+        EXPECT_EQ(quantized_matmul_group_size(ctx, execs), 1u);
+        execs[1].output.data = outs[1].data();
+        execs[0].output.data = data[size_t(x)].data();
+        EXPECT_EQ(quantized_matmul_group_size(ctx, execs), 1u);
+        return outs;
+      };
+      const auto grouped = run(true, false), alone = run(false, false), ref = run(false, true);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        SCOPED_TRACE("threads " + std::to_string(threads) + " n " + std::to_string(n) +
+                     " product " + std::to_string(i));
+        EXPECT_EQ(grouped[i], alone[i]);
+        const auto* a = reinterpret_cast<const float*>(ref[i].data());
+        const auto* b = reinterpret_cast<const float*>(grouped[i].data());
+        double num = 0.0, den = 0.0;
+        for (size_t j = 0; j < ref[i].size() / sizeof(float); ++j) {
+          num += double(a[j] - b[j]) * double(a[j] - b[j]);
+          den += double(a[j]) * double(a[j]);
+        }
+        EXPECT_LE(num / den, kMatMul);
+      }
+    }
 }
 
 TEST(CpuOpsErrors, BadPositionsAndIdsThrow) {

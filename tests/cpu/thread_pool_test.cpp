@@ -45,6 +45,20 @@ TEST(ThreadPool, ParallelForCoversRangeExactlyOnce) {
   }
 }
 
+TEST(ThreadPool, ParallelChunksCoverRangeExactlyOnce) {
+  for (int threads : {1, 2, 5})
+    for (int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(64), int64_t(1000)})
+      for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(64), int64_t(5000)}) {
+        ThreadPool pool(threads);
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        pool.parallel_chunks(n, chunk, [&](int64_t b, int64_t e) {
+          EXPECT_LT(b, e);
+          for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1);
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << i;
+      }
+}
+
 TEST(ThreadPool, ExceptionFromWorkerReachesCaller) {
   ThreadPool pool(3);
   EXPECT_THROW(pool.run([](int t) {

@@ -92,6 +92,25 @@ void CpuBackend::execute(const Graph& graph, const NodeExecution& e) {
   (*kernel)(OpContext{pool_, *kernels_, blas_policy_, amx_}, e);
 }
 
+void CpuBackend::execute_segment(const Graph& graph, std::span<const NodeExecution> segment,
+                                 uint64_t /*signature*/) {
+  for (size_t i = 0; i < segment.size();) {
+    const OpContext ctx{pool_, *kernels_, blas_policy_, amx_};
+    const size_t n = quantized_matmul_group_size(ctx, segment.subspan(i));
+    if (n == 1) {
+      execute(graph, segment[i++]);
+      continue;
+    }
+    for (size_t j = i; j < i + n; ++j) {
+      CapabilityCheck c = check(graph, *segment[j].node);
+      if (!c.ok()) throw_error(ErrorCode::Unsupported, "cpu", c.detail);
+    }
+    std::lock_guard<std::mutex> lock(execute_mutex_);
+    quantized_matmul_group(ctx, segment.subspan(i, n));
+    i += n;
+  }
+}
+
 }  // namespace cpu
 
 std::shared_ptr<Backend> make_cpu_backend(int threads) {

@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,10 @@ class CpuBackend : public HostBackend {
 
   const std::vector<OpCapability>& capabilities() const override { return rows_.capabilities(); }
   void execute(const Graph& graph, const NodeExecution& exec) override;
+  // As execute, node by node, except that consecutive quantized products of one input run as
+  // one pool job (quantized_matmul_group).
+  void execute_segment(const Graph& graph, std::span<const NodeExecution> segment,
+                       uint64_t signature) override;
 
   int threads() const { return pool_.size(); }
   Isa isa() const { return kernels_->isa; }

@@ -92,15 +92,16 @@ ThreadPool::~ThreadPool() {
 }
 
 bool ThreadPool::claim(uint32_t generation, int* part) {
-  uint64_t claims = claims_.load(std::memory_order_acquire);
-  while (generation_of(claims) == generation && next_part_of(claims) < uint32_t(size())) {
-    if (claims_.compare_exchange_weak(claims, claims + 1, std::memory_order_acq_rel,
-                                      std::memory_order_acquire)) {
-      *part = int(next_part_of(claims));
-      return true;
-    }
-  }
-  return false;
+  const uint64_t seen = claims_.load(std::memory_order_acquire);
+  if (generation_of(seen) != generation || next_part_of(seen) >= uint32_t(size())) return false;
+  // One fetch_add per claim: a compare-exchange loop retries under contention, and with many
+  // threads waking at once the retries cost more than the parts. The increment may land in a
+  // newer job than the one read (published meanwhile); the part it takes is then that job's,
+  // and running it is right: job_ is that job's (the next cannot start before this part ends).
+  const uint64_t claims = claims_.fetch_add(1, std::memory_order_acq_rel);
+  if (next_part_of(claims) >= uint32_t(size())) return false;
+  *part = int(next_part_of(claims));
+  return true;
 }
 
 void ThreadPool::run_part(int part) {
@@ -140,7 +141,7 @@ void ThreadPool::worker_loop() {
     }
     if (stop_.load(std::memory_order_acquire)) return;
     // A worker that woke late may find the job done, or a newer one; it only runs parts it
-    // claims, and claims only parts of the job it read.
+    // claims (see claim).
     seen = generation_.load(std::memory_order_acquire);
     int part = 0;
     while (claim(seen, &part)) run_part(part);
@@ -197,6 +198,23 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     const int64_t begin = units * t / parts * grain;
     const int64_t end = std::min(n, units * (t + 1) / parts * grain);
     if (begin < end) fn(begin, end);
+  });
+}
+
+void ThreadPool::parallel_chunks(int64_t n, int64_t chunk,
+                                 const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  chunk = std::max<int64_t>(chunk, 1);
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  if (chunks == 1 || workers_.empty() || tls_running_pool == this) {
+    fn(0, n);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  run([&](int) {
+    for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+      fn(c * chunk, std::min(n, (c + 1) * chunk));
+    }
   });
 }
 

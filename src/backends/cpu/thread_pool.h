@@ -56,12 +56,17 @@ class ThreadPool {
   // fn(begin, end) for each non-empty one.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+  // Splits [0, n) into chunks of `chunk` that the threads claim one at a time, calling
+  // fn(begin, end) for ranges covering [0, n) exactly once: a thread that starts late or runs
+  // slower takes fewer chunks, where parallel_for's ranges are fixed per thread.
+  void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn);
+
   static constexpr int kDefaultSpinUs = 200;
 
  private:
   void worker_loop();
-  // Claims the next unrun part of job `generation`; false when none is left (or the job is
-  // another one).
+  // Claims the next unrun part if job `generation` still has one; false otherwise. The part
+  // claimed may be a newer job's, published since (then it is that job's to run).
   bool claim(uint32_t generation, int* part);
   void run_part(int part);
 

@@ -3,6 +3,7 @@
 // each K/V row is read from memory once per group; a decode step with few kv heads still
 // splits over threads by chunks of the context. Chunks' partial states merge at the end.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -44,23 +45,33 @@ void run_attention(const OpContext& ctx, const NodeExecution& e) {
   const int64_t chunk_keys = (max_keys + chunks - 1) / chunks;
 
   // Per (token, kv head, chunk, head of the group): the state and the unnormalized output;
-  // the heads of a group sit next to each other so the kernels serve them in one call.
-  std::vector<PartialState> states(static_cast<size_t>(T * Hq * chunks));
-  std::vector<float> partial(static_cast<size_t>(T * Hq * chunks * D));
+  // the heads of a group sit next to each other so the kernels serve them in one call. With one
+  // chunk the output itself accumulates (the same index) and no merge pass runs.
+  const bool single_chunk = chunks == 1;
+  std::vector<PartialState> states(single_chunk ? 0 : size_t(T * Hq * chunks));
+  std::vector<float> partial(single_chunk ? 0 : size_t(T * Hq * chunks * D));
   auto slot = [&](int64_t t, int64_t h, int64_t c) {
     return size_t(((t * Hkv + h / group) * chunks + c) * group + h % group);
   };
   const int64_t row_stride = Hkv * D;  // elements between cache positions
 
-  ctx.pool.parallel_for(T * Hkv * chunks, 1, [&](int64_t i0, int64_t i1) {
+  // Every thread claims items one at a time, the last tokens (most keys, in a prefill) first: a
+  // prefill's token t reads t + 1 keys, and contiguous ranges of items left the last thread with
+  // most of the work (twice the mean with many threads).
+  const int64_t items = T * Hkv * chunks;
+  std::atomic<int64_t> next_item{0};
+  auto run_items = [&](int) {
     std::vector<float> score(static_cast<size_t>(kKeyBlock * group));
-    for (int64_t item = i0; item < i1; ++item) {
+    std::vector<PartialState> own(single_chunk ? size_t(group) : 0);
+    for (int64_t claimed; (claimed = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
+      const int64_t item = items - 1 - claimed;
       const int64_t chunk = item % chunks, hk = (item / chunks) % Hkv, t = item / (chunks * Hkv);
       const int64_t n_kv = int64_t(pos[t]) + 1;
       const int64_t j_begin = chunk * chunk_keys, j_end = std::min(n_kv, j_begin + chunk_keys);
       const size_t first = slot(t, hk * group, chunk);
-      PartialState* st = states.data() + first;
-      float* acc = partial.data() + first * size_t(D);
+      PartialState* st = single_chunk ? own.data() : states.data() + first;
+      float* acc = (single_chunk ? out : partial.data()) + first * size_t(D);
+      std::fill(st, st + group, PartialState{});
       std::fill(acc, acc + group * D, 0.0f);
       const float* qg = qd + (t * Hq + hk * group) * D;
       for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyBlock) {
@@ -100,8 +111,17 @@ void run_attention(const OpContext& ctx, const NodeExecution& e) {
                                  group, acc, D);
         }
       }
+      if (single_chunk) {  // as the merge does for one chunk: its weight is exp(0) = 1
+        for (int64_t g = 0; g < group; ++g) kn.scale(acc + g * D, 1.0f / st[g].sum, acc + g * D, D);
+      }
     }
-  });
+  };
+  if (items == 1) {
+    run_items(0);
+  } else {
+    ctx.pool.run(run_items);
+  }
+  if (single_chunk) return;
 
   // Merge the chunks of each (token, head): rescale every chunk to the overall maximum.
   ctx.pool.parallel_for(T * Hq, 1, [&](int64_t i0, int64_t i1) {

@@ -2,8 +2,9 @@
 // The (token, choice) pairs are grouped by expert and each chosen expert's weights multiply all
 // of its pairs' columns: every expert's weights are read once per call, and experts nobody chose
 // are not read at all. Q4_0 / Q8_0 weights take all experts in one pass over the pool (columns
-// quantized once, then every (expert, row chunk) as one work item); K-quant and float weights,
-// and products too small for 8-bit activations, run one dense product per expert.
+// quantized once, then every (expert, row chunk) as one work item, claimed by the threads as
+// they go); K-quant and float weights, and products too small for 8-bit activations, run one
+// dense product per expert.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -43,21 +44,26 @@ void quantized_experts(const OpContext& ctx, const TensorDesc& a, const uint8_t*
   constexpr int64_t T = amx::kTile;
   thread_local ExpertScratch tls;
   ExpertScratch& s = tls;
-  s.qs.resize(size_t(pairs * K));
-  s.d.resize(size_t(pairs * nb));
-  s.bias.resize(size_t(pairs * nb * kBiasLanes));
+  // One token whose every choice reads the same column (decode's gate and up products): that
+  // column is quantized once, and every pair's products read activation column 0.
+  const bool shared_column = b_cols == 1 && pairs == k;
+  const int64_t columns = shared_column ? 1 : pairs;
+  s.qs.resize(size_t(columns * K));
+  s.d.resize(size_t(columns * nb));
+  s.bias.resize(size_t(columns * nb * kBiasLanes));
   s.products.resize(size_t(pairs * M));
   ctx.pool.parallel_for(
-      pairs, std::max<int64_t>(1, kElementwiseGrain / K), [&](int64_t c0, int64_t c1) {
+      columns, std::max<int64_t>(1, kElementwiseGrain / K), [&](int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; ++c) {
-          const int64_t p = order[size_t(c)], t = p / k, j = p % k;
+          const int64_t p = shared_column ? 0 : order[size_t(c)], t = p / k, j = p % k;
           kern.quantize_activations(bdata + (t * b_cols + (b_cols == 1 ? 0 : j)) * K, K,
                                     s.qs.data() + c * K, s.d.data() + c * nb,
                                     s.bias.data() + c * nb * kBiasLanes);
         }
       });
   const QuantizedActivations act{s.qs.data(), s.d.data(), s.bias.data(), K};
-  const bool amx = ctx.amx && (a.dtype == DType::Q4_0 || a.dtype == DType::Q8_0) && M >= T;
+  const bool amx =
+      ctx.amx && (a.dtype == DType::Q4_0 || a.dtype == DType::Q8_0) && M >= T && !shared_column;
   // AMX: each expert with a full tile of columns gets its column tiles packed.
   s.packed.assign(size_t(n_expert), -1);
   int64_t tiles = 0;
@@ -89,7 +95,7 @@ void quantized_experts(const OpContext& ctx, const TensorDesc& a, const uint8_t*
     for (int64_t m = 0; m < M; m += kItemRows) s.items.emplace_back(int32_t(x), int32_t(m));
   }
   const auto tile = quantized_tile(kern, a.dtype);
-  ctx.pool.parallel_for(int64_t(s.items.size()), 1, [&](int64_t i0, int64_t i1) {
+  ctx.pool.parallel_chunks(int64_t(s.items.size()), 1, [&](int64_t i0, int64_t i1) {
     std::vector<int8_t> wp;
     std::vector<float> wd, out_tile;
     bool configured = false;
@@ -99,6 +105,14 @@ void quantized_experts(const OpContext& ctx, const TensorDesc& a, const uint8_t*
       const int64_t m1 = std::min<int64_t>(M, m0 + kItemRows);
       const uint8_t* w = abase + x * a.nb[2];
       const size_t wrb = size_t(a.nb[1]);
+      if (shared_column) {
+        for (int64_t c = p0; c < p0 + n; ++c) {
+          for_each_tile(m0, m1, 0, 1, [&](int64_t m, int rows, int64_t, int) {
+            tile(w + size_t(m) * wrb, wrb, rows, act, 0, 1, s.products.data() + c * M + m, M);
+          });
+        }
+        continue;
+      }
       if (s.packed[size_t(x)] < 0) {
         for_each_tile(m0, m1, p0, p0 + n, [&](int64_t m, int rows, int64_t c, int cols) {
           tile(w + size_t(m) * wrb, wrb, rows, act, c, cols, s.products.data() + c * M + m, M);

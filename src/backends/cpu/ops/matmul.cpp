@@ -75,10 +75,21 @@ void float_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* a, const 
   });
 }
 
+int64_t rows_per_task(int64_t M, int threads) {
+  const int64_t per = (M + 4 * threads - 1) / (4 * threads);  // about 4 tasks per thread
+  return std::clamp((per + kTileRows - 1) / kTileRows * kTileRows, kMinTaskRows, kRowChunk);
+}
+
 void split_output(ThreadPool& pool, int64_t M, int64_t N,
-                  const std::function<void(int64_t, int64_t, int64_t, int64_t)>& fn) {
+                  const std::function<void(int64_t, int64_t, int64_t, int64_t)>& fn,
+                  RowTasks tasks) {
   if (M >= N || M >= int64_t(pool.size()) * kTileRows * 4) {
-    pool.parallel_for(M, kTileRows, [&](int64_t m0, int64_t m1) { fn(m0, m1, 0, N); });
+    if (tasks == RowTasks::Claimed) {
+      pool.parallel_chunks(M, rows_per_task(M, pool.size()),
+                           [&](int64_t m0, int64_t m1) { fn(m0, m1, 0, N); });
+    } else {
+      pool.parallel_for(M, kTileRows, [&](int64_t m0, int64_t m1) { fn(m0, m1, 0, N); });
+    }
   } else {
     pool.parallel_for(N, kTileCols, [&](int64_t n0, int64_t n1) { fn(0, M, n0, n1); });
   }

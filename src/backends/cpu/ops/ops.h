@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 
 #include "../kernels.h"
 #include "../thread_pool.h"
@@ -45,6 +46,15 @@ void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, si
 void exact_matmul_2d(const Kernels& k, DType dtype, const uint8_t* w, size_t wrb, const float* b,
                      float* out, int64_t M, int64_t N, int64_t K);
 
+// Consecutive QuantizedMatMuls of one activation input (Q, K and V; gate and up): the number
+// at the start of execs that quantized_matmul_group runs as one (1: run the first alone). Each
+// is a Q4_0 / Q8_0 product for the integer tiles, and no output shares memory with another or
+// with the input.
+size_t quantized_matmul_group_size(const OpContext& ctx, std::span<const NodeExecution> execs);
+// Quantizes the shared input once and splits the rows of all the products over the pool in one
+// job; every output has the bits the products give one by one.
+void quantized_matmul_group(const OpContext& ctx, std::span<const NodeExecution> group);
+
 // AMX tiles (OpContext::amx) pay off for quantized products from one full 16-column tile.
 inline constexpr int64_t kAmxMinCols = 16;
 
@@ -53,15 +63,26 @@ inline constexpr int64_t kAmxMinCols = 16;
 using QuantizedTile = decltype(Kernels::q4_0_tile);
 QuantizedTile quantized_tile(const Kernels& k, DType dtype);
 
-// Splits an M x N output (M weight rows, N activation columns) over the pool: by rows in
-// multiples of kTileRows when there are enough, else by columns. fn(m0, m1, n0, n1).
+// How a product split by rows hands rows to threads: one fixed range per thread (OpenBLAS calls,
+// which pack the activations once per call), or tasks of rows_per_task claimed as threads go.
+enum class RowTasks : uint8_t { Fixed, Claimed };
+
+// Splits an M x N output (M weight rows, N activation columns) over the pool: by rows when there
+// are enough (see RowTasks), else by columns. fn(m0, m1, n0, n1).
 void split_output(ThreadPool& pool, int64_t M, int64_t N,
-                  const std::function<void(int64_t, int64_t, int64_t, int64_t)>& fn);
+                  const std::function<void(int64_t, int64_t, int64_t, int64_t)>& fn,
+                  RowTasks tasks = RowTasks::Fixed);
 
 // The cache blocking of the matrix products: weight rows kept hot in L2 while activation
 // columns sweep by, and activation columns reused across row chunks.
 inline constexpr int64_t kRowChunk = 64;
 inline constexpr int64_t kColChunk = 64;
+
+// Rows per claimed task of a product split by rows: about four tasks per thread, so that a
+// thread that starts late or reads slower takes fewer, a multiple of kTileRows, at least
+// kMinTaskRows (below that the claims cost more than they balance) and at most kRowChunk.
+inline constexpr int64_t kMinTaskRows = 16;
+int64_t rows_per_task(int64_t M, int threads);
 
 // Calls tile(m, rows, n, cols) for every kernel tile (kTileRows x kTileCols at most) of the
 // output block [m0, m1) x [n0, n1), column chunk by row chunk.

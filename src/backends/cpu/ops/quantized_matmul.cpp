@@ -4,6 +4,7 @@
 // every weight byte once per column tile. Matrix-vector (N small) and matrix-matrix products
 // share the loop: row chunks stay in L2 while tiles of columns sweep over them.
 #include <algorithm>
+#include <span>
 #include <vector>
 
 #include "../amx.h"
@@ -20,8 +21,14 @@ void amx_matmul_2d(ThreadPool& pool, bool q4, const uint8_t* w, size_t wrb,
   constexpr int64_t T = amx::kTile;
   const int64_t K = act.k, nb = K / kQuantBlock;
   const int64_t col_tiles = (N + T - 1) / T, panels = (M + T - 1) / T;
-  std::vector<int8_t> bp(static_cast<size_t>(col_tiles * nb * 512));
-  std::vector<float> dap(static_cast<size_t>(col_tiles * nb * T));
+  // Packed activations survive across calls (the caller's, also inside worker tasks): a
+  // prefill's products allocated and zeroed 1-4 MiB each, on one thread, before any work.
+  thread_local std::vector<int8_t> tls_bp;
+  thread_local std::vector<float> tls_dap;
+  std::vector<int8_t>& bp = tls_bp;
+  std::vector<float>& dap = tls_dap;
+  bp.resize(static_cast<size_t>(col_tiles * nb * 512));
+  dap.resize(static_cast<size_t>(col_tiles * nb * T));
   pool.parallel_for(col_tiles, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t ct = c0; ct < c1; ++ct) {
       const int cols = int(std::min<int64_t>(T, N - ct * T));
@@ -30,8 +37,12 @@ void amx_matmul_2d(ThreadPool& pool, bool q4, const uint8_t* w, size_t wrb,
     }
   });
   pool.parallel_for(panels, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<int8_t> wp(static_cast<size_t>(nb * T * 32));
-    std::vector<float> wd(static_cast<size_t>(nb * T)), tile(static_cast<size_t>(T * T));
+    // Per running thread (this lambda runs on the workers): unpacked weight panels.
+    thread_local std::vector<int8_t> wp;
+    thread_local std::vector<float> wd, tile;
+    wp.resize(static_cast<size_t>(nb * T * 32));
+    wd.resize(static_cast<size_t>(nb * T));
+    tile.resize(static_cast<size_t>(T * T));
     amx::configure_tiles();
     for (int64_t p = p0; p < p1; ++p) {
       const int rows = int(std::min<int64_t>(T, M - p * T));
@@ -84,11 +95,14 @@ void k_quant_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, size
                                                      scratch.sums.data() + c * n_sums);
                           }
                         });
-  split_output(ctx.pool, M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
-      tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
-    });
-  });
+  split_output(
+      ctx.pool, M, N,
+      [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+        for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
+          tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
+        });
+      },
+      RowTasks::Claimed);
 }
 
 }  // namespace
@@ -136,11 +150,97 @@ void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, si
     amx_matmul_2d(ctx.pool, dtype == DType::Q4_0, w, wrb, act, out, M, N);
     return;
   }
-  split_output(ctx.pool, M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
-      tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
-    });
-  });
+  split_output(
+      ctx.pool, M, N,
+      [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+        for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
+          tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
+        });
+      },
+      RowTasks::Claimed);
+}
+
+namespace {
+
+bool overlaps(const TensorRef& x, const TensorRef& y) {
+  const auto* a = static_cast<const uint8_t*>(x.data);
+  const auto* b = static_cast<const uint8_t*>(y.data);
+  return a < b + y.desc->bytes() && b < a + x.desc->bytes();
+}
+
+// A member of a group: Q4_0 / Q8_0 weights of one matrix, f32 activations of one batch slice,
+// a product for the integer tiles (not AMX, not the exact small-product path).
+bool groupable(const OpContext& ctx, const NodeExecution& e) {
+  if (e.node->op != OpKind::QuantizedMatMul || e.inputs.size() != 2) return false;
+  const TensorDesc& a = *e.inputs[0].desc;
+  const TensorDesc& b = *e.inputs[1].desc;
+  const int64_t M = a.ne[1], N = b.ne[1];
+  return (a.dtype == DType::Q4_0 || a.dtype == DType::Q8_0) && b.dtype == DType::F32 &&
+         a.ne[2] * a.ne[3] == 1 && b.ne[2] * b.ne[3] == 1 && int8_activations(M, N) &&
+         !(ctx.amx && N >= kAmxMinCols && M >= amx::kTile);
+}
+
+}  // namespace
+
+size_t quantized_matmul_group_size(const OpContext& ctx, std::span<const NodeExecution> execs) {
+  if (execs.empty() || !groupable(ctx, execs[0])) return 1;
+  const TensorRef& b = execs[0].inputs[1];
+  // Run one by one, a product writing over b would change what the next ones read.
+  if (overlaps(execs[0].output, b)) return 1;
+  size_t n = 1;
+  for (; n < execs.size(); ++n) {
+    const NodeExecution& e = execs[n];
+    if (!groupable(ctx, e) || e.inputs[1].data != b.data ||
+        e.inputs[1].desc->ne[0] != b.desc->ne[0] || e.inputs[1].desc->ne[1] != b.desc->ne[1]) {
+      break;
+    }
+    // Every output is written while the others are: none may share memory with another or b.
+    bool disjoint = !overlaps(e.output, b);
+    for (size_t j = 0; j < n && disjoint; ++j) disjoint = !overlaps(e.output, execs[j].output);
+    if (!disjoint) break;
+  }
+  return n;
+}
+
+void quantized_matmul_group(const OpContext& ctx, std::span<const NodeExecution> group) {
+  const Kernels& k = ctx.k;
+  const TensorDesc& bd = *group[0].inputs[1].desc;
+  const auto* b = static_cast<const float*>(group[0].inputs[1].data);
+  const int64_t K = bd.ne[0], N = bd.ne[1], nb = K / kQuantBlock;
+  // Row offsets of each matrix in the concatenation.
+  std::vector<int64_t> first(group.size() + 1, 0);
+  for (size_t i = 0; i < group.size(); ++i)
+    first[i + 1] = first[i] + group[i].inputs[0].desc->ne[1];
+  thread_local ActivationScratch tls_scratch;
+  ActivationScratch& scratch = tls_scratch;
+  scratch.qs.resize(size_t(N * K));
+  scratch.d.resize(size_t(N * nb));
+  scratch.bias.resize(size_t(N * nb * kBiasLanes));
+  const QuantizedActivations act{scratch.qs.data(), scratch.d.data(), scratch.bias.data(), K};
+  ctx.pool.parallel_for(
+      N, std::max<int64_t>(1, kElementwiseGrain / K), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          k.quantize_activations(b + c * K, K, scratch.qs.data() + c * K, scratch.d.data() + c * nb,
+                                 scratch.bias.data() + c * nb * kBiasLanes);
+        }
+      });
+  ctx.pool.parallel_chunks(
+      first.back(), rows_per_task(first.back(), ctx.pool.size()), [&](int64_t r0, int64_t r1) {
+        for (size_t i = 0; i < group.size(); ++i) {
+          const int64_t m0 = std::max(r0, first[i]) - first[i],
+                        m1 = std::min(r1, first[i + 1]) - first[i];
+          if (m0 >= m1) continue;
+          const NodeExecution& e = group[i];
+          const auto* w = static_cast<const uint8_t*>(e.inputs[0].data);
+          const size_t wrb = size_t(e.inputs[0].desc->nb[1]);
+          const int64_t M = e.inputs[0].desc->ne[1];
+          auto* out = static_cast<float*>(e.output.data);
+          const auto tile = quantized_tile(k, e.inputs[0].desc->dtype);
+          for_each_tile(m0, m1, 0, N, [&](int64_t m, int rows, int64_t n, int cols) {
+            tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
+          });
+        }
+      });
 }
 
 namespace {
