@@ -192,11 +192,28 @@ BENCHMARK(BM_CopyDeviceToDevice)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
-// Matrix-vector products: K = range(0), M = range(1), N = range(2) columns, dtype range(3).
+// The weight dtype a benchmark argument names: 4 Q4_0, 8 Q8_0, 40 Q4_K, 50 Q5_K, 60 Q6_K.
+DType matvec_dtype(int64_t code) {
+  switch (code) {
+    case 4:
+      return DType::Q4_0;
+    case 40:
+      return DType::Q4_K;
+    case 50:
+      return DType::Q5_K;
+    case 60:
+      return DType::Q6_K;
+    default:
+      return DType::Q8_0;
+  }
+}
+
+// Matrix-vector products: K = range(0), M = range(1), N = range(2) columns, dtype range(3)
+// (matvec_dtype).
 void BM_QuantizedMatvec(benchmark::State& state) {
   REQUIRE_GPU(state);
   const int64_t K = state.range(0), M = state.range(1), N = state.range(2);
-  const DType dtype = state.range(3) == 4 ? DType::Q4_0 : DType::Q8_0;
+  const DType dtype = matvec_dtype(state.range(3));
   constexpr int kCopies = 8;  // 8 weight matrices rotate past the L2
   // Each product gets its own vector: products of one vector would run as one launch
   // (BM_QkvMatvec measures that).
@@ -219,6 +236,12 @@ BENCHMARK(BM_QuantizedMatvec)
     ->Args({14336, 4096, 1, 8})
     ->Args({4096, 14336, 8, 4})
     ->Args({4096, 4096, 1, 4})
+    ->Args({4096, 14336, 1, 40})
+    ->Args({14336, 4096, 1, 40})
+    ->Args({4096, 14336, 1, 50})
+    ->Args({14336, 4096, 1, 50})
+    ->Args({4096, 14336, 1, 60})
+    ->Args({14336, 4096, 1, 60})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
