@@ -67,6 +67,26 @@ struct ActivationScratch {
   std::vector<float> d;
   std::vector<int32_t> bias;
 };
+// b's N columns of K values quantized to 8 bits over the pool, into the calling thread's scratch
+// (valid until its next call on this thread).
+QuantizedActivations quantize_columns(const OpContext& ctx, const float* b, int64_t K, int64_t N) {
+  thread_local ActivationScratch tls_scratch;
+  ActivationScratch& scratch = tls_scratch;  // the caller's, also inside worker tasks
+  const int64_t nb = K / kQuantBlock;
+  scratch.qs.resize(size_t(N * K));
+  scratch.d.resize(size_t(N * nb));
+  scratch.bias.resize(size_t(N * nb * kBiasLanes));
+  ctx.pool.parallel_for(N, std::max<int64_t>(1, kElementwiseGrain / K),
+                        [&](int64_t c0, int64_t c1) {
+                          for (int64_t c = c0; c < c1; ++c) {
+                            ctx.k.quantize_activations(b + c * K, K, scratch.qs.data() + c * K,
+                                                       scratch.d.data() + c * nb,
+                                                       scratch.bias.data() + c * nb * kBiasLanes);
+                          }
+                        });
+  return {scratch.qs.data(), scratch.d.data(), scratch.bias.data(), K};
+}
+
 struct KActivationScratch {
   std::vector<int8_t> qs;
   std::vector<float> d;
@@ -132,20 +152,7 @@ void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, si
     return;
   }
   const auto tile = quantized_tile(k, dtype);
-  const int64_t nb = K / kQuantBlock;
-  thread_local ActivationScratch tls_scratch;
-  ActivationScratch& scratch = tls_scratch;  // the caller's, also inside worker tasks
-  scratch.qs.resize(size_t(N * K));
-  scratch.d.resize(size_t(N * nb));
-  scratch.bias.resize(size_t(N * nb * kBiasLanes));
-  const QuantizedActivations act{scratch.qs.data(), scratch.d.data(), scratch.bias.data(), K};
-  ctx.pool.parallel_for(
-      N, std::max<int64_t>(1, kElementwiseGrain / K), [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) {
-          k.quantize_activations(b + c * K, K, scratch.qs.data() + c * K, scratch.d.data() + c * nb,
-                                 scratch.bias.data() + c * nb * kBiasLanes);
-        }
-      });
+  const QuantizedActivations act = quantize_columns(ctx, b, K, N);
   if (ctx.amx && N >= kAmxMinCols && M >= amx::kTile) {
     amx_matmul_2d(ctx.pool, dtype == DType::Q4_0, w, wrb, act, out, M, N);
     return;
@@ -206,24 +213,12 @@ void quantized_matmul_group(const OpContext& ctx, std::span<const NodeExecution>
   const Kernels& k = ctx.k;
   const TensorDesc& bd = *group[0].inputs[1].desc;
   const auto* b = static_cast<const float*>(group[0].inputs[1].data);
-  const int64_t K = bd.ne[0], N = bd.ne[1], nb = K / kQuantBlock;
+  const int64_t K = bd.ne[0], N = bd.ne[1];
   // Row offsets of each matrix in the concatenation.
   std::vector<int64_t> first(group.size() + 1, 0);
   for (size_t i = 0; i < group.size(); ++i)
     first[i + 1] = first[i] + group[i].inputs[0].desc->ne[1];
-  thread_local ActivationScratch tls_scratch;
-  ActivationScratch& scratch = tls_scratch;
-  scratch.qs.resize(size_t(N * K));
-  scratch.d.resize(size_t(N * nb));
-  scratch.bias.resize(size_t(N * nb * kBiasLanes));
-  const QuantizedActivations act{scratch.qs.data(), scratch.d.data(), scratch.bias.data(), K};
-  ctx.pool.parallel_for(
-      N, std::max<int64_t>(1, kElementwiseGrain / K), [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) {
-          k.quantize_activations(b + c * K, K, scratch.qs.data() + c * K, scratch.d.data() + c * nb,
-                                 scratch.bias.data() + c * nb * kBiasLanes);
-        }
-      });
+  const QuantizedActivations act = quantize_columns(ctx, b, K, N);
   ctx.pool.parallel_chunks(
       first.back(), rows_per_task(first.back(), ctx.pool.size()), [&](int64_t r0, int64_t r1) {
         for (size_t i = 0; i < group.size(); ++i) {
