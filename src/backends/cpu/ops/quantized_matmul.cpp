@@ -87,6 +87,21 @@ QuantizedActivations quantize_columns(const OpContext& ctx, const float* b, int6
   return {scratch.qs.data(), scratch.d.data(), scratch.bias.data(), K};
 }
 
+// out (M x N) = w (M rows of wrb bytes) times the quantized activations, tile by tile over the
+// pool, rows claimed by the threads as they go.
+template <typename Tile, typename Activations>
+void tiled_products(const OpContext& ctx, Tile tile, const uint8_t* w, size_t wrb,
+                    const Activations& act, float* out, int64_t M, int64_t N) {
+  split_output(
+      ctx.pool, M, N,
+      [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+        for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
+          tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
+        });
+      },
+      RowTasks::Claimed);
+}
+
 struct KActivationScratch {
   std::vector<int8_t> qs;
   std::vector<float> d;
@@ -115,14 +130,7 @@ void k_quant_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, size
                                                      scratch.sums.data() + c * n_sums);
                           }
                         });
-  split_output(
-      ctx.pool, M, N,
-      [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-        for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
-          tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
-        });
-      },
-      RowTasks::Claimed);
+  tiled_products(ctx, tile, w, wrb, act, out, M, N);
 }
 
 }  // namespace
@@ -157,14 +165,7 @@ void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, si
     amx_matmul_2d(ctx.pool, dtype == DType::Q4_0, w, wrb, act, out, M, N);
     return;
   }
-  split_output(
-      ctx.pool, M, N,
-      [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-        for_each_tile(m0, m1, n0, n1, [&](int64_t m, int rows, int64_t n, int cols) {
-          tile(w + size_t(m) * wrb, wrb, rows, act, n, cols, out + n * M + m, M);
-        });
-      },
-      RowTasks::Claimed);
+  tiled_products(ctx, tile, w, wrb, act, out, M, N);
 }
 
 namespace {
