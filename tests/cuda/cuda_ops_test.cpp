@@ -443,6 +443,31 @@ TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
   }
 }
 
+// K-quant weights: K a multiple of 256 (of 2,048 for Q6_K, whose 210-byte rows must fill 16-byte
+// copies) takes the staged kernel, with one or several rows per tile and 1 to 8 columns; K =
+// 4608 (18 super-blocks) and 256 leave Q6_K to the generic one; 9 columns slice.
+TEST(CudaOps, KQuantMatvecStagedAndGenericPaths) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType d : kKQuantDTypes) {
+    for (auto [k, m, n] : {std::tuple{256, 129, 1},
+                           {2048, 37, 8},
+                           {4096, 300, 1},
+                           {4096, 64, 3},
+                           {14336, 64, 1},
+                           {2048, 2000, 2},
+                           {4608, 40, 1},
+                           {512, 200, 9}}) {
+      Graph g;
+      TensorId a = g.weight("a", d, {k, m});
+      TensorId b = g.input("b", DType::F32, {k, n});
+      g.mark_output(g.matmul(a, b));
+      expect_close(compare_with_reference(g, *backend), kMatmul,
+                   "quantized matmul " + std::string(dtype_name(d)) + " " + std::to_string(k) +
+                       "x" + std::to_string(m) + "x" + std::to_string(n));
+    }
+  }
+}
+
 // A product of a few outputs multiplies f32 b: with 8-bit b a single dot product of 32 terms misses
 // the bound in ~10% of random draws, so 64 draws each would all but surely catch an int8 path.
 TEST(CudaOps, QuantizedMatMulWithFewOutputsIsExact) {

@@ -257,8 +257,7 @@ bool split_columns(const NodeExecution& e) {
 void run_matvec(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& a = *e.inputs[0].desc;
   const TensorDesc& b = *e.inputs[1].desc;
-  // The staged kernel reads Q4_0 / Q8_0 only; K-quants take the generic one.
-  if (is_k_quant(a.dtype) || !launch_staged_matvec(ctx, std::span(&e, 1))) {
+  if (!launch_staged_matvec(ctx, std::span(&e, 1))) {
     with_columns(b.ne[1], [&](auto cols) { launch_generic_matvec<cols()>(ctx, e); });
   }
 }
@@ -330,7 +329,18 @@ void add_quantized_matmul_kernels(KernelTable<Kernel>& rows) {
 }
 
 size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment) {
-  // K-quant matrices (2-D) multiplying the same b: one quantization of b, fewer launches.
+  // Matrices of one dtype multiplying the same b: one launch of the staged kernel.
+  auto is_matvec = [](const NodeExecution& e) {
+    return e.node->op == OpKind::QuantizedMatMul && e.inputs[1].desc->ne[1] >= 1 &&
+           e.inputs[1].desc->ne[1] <= kMatvecMaxColumns &&
+           int8_activations(e.inputs[0].desc->ne[1], e.inputs[1].desc->ne[1]);
+  };
+  if (const size_t n = count_same_b(segment, kMaxParts, is_matvec);
+      n >= 2 && launch_staged_matvec(ctx, segment.first(n))) {
+    return n;
+  }
+  // K-quant matrices (2-D) of mixed dtypes (a Q4_K_M layer's Q4_K and Q6_K) multiplying the same
+  // b, where the staged kernel does not take them: one quantization of b, fewer launches.
   auto is_k_matvec = [](const NodeExecution& e) {
     const TensorDesc& a = *e.inputs[0].desc;
     const TensorDesc& b = *e.inputs[1].desc;
@@ -338,20 +348,11 @@ size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> se
            b.ne[1] <= kMatvecMaxColumns && int8_activations(a.ne[1], b.ne[1]) &&
            a.ne[2] * a.ne[3] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[1] <= INT32_MAX / 4;
   };
-  if (const size_t n = count_same_b(segment, kMaxParts, is_k_matvec, /*same_dtype=*/false)) {
-    if (n < 2) return 0;
-    with_columns(segment[0].inputs[1].desc->ne[1],
-                 [&](auto cols) { launch_k_matvec_parts<cols()>(ctx, segment.first(n)); });
-    return n;
-  }
-  auto is_matvec = [](const NodeExecution& e) {
-    return e.node->op == OpKind::QuantizedMatMul && !is_k_quant(e.inputs[0].desc->dtype) &&
-           e.inputs[1].desc->ne[1] >= 1 && e.inputs[1].desc->ne[1] <= kMatvecMaxColumns &&
-           int8_activations(e.inputs[0].desc->ne[1], e.inputs[1].desc->ne[1]);
-  };
-  const size_t n = count_same_b(segment, kMaxParts, is_matvec);
+  const size_t n = count_same_b(segment, kMaxParts, is_k_matvec, /*same_dtype=*/false);
   if (n < 2) return 0;
-  return launch_staged_matvec(ctx, segment.first(n)) ? n : 0;
+  with_columns(segment[0].inputs[1].desc->ne[1],
+               [&](auto cols) { launch_k_matvec_parts<cols()>(ctx, segment.first(n)); });
+  return n;
 }
 
 }  // namespace tandem::cuda

@@ -1,0 +1,779 @@
+// The staged matrix-vector kernel of QuantizedMatMul (contiguous Q4_0, Q8_0 or K-quant weight
+// rows, K a multiple of 256, up to kMatvecMaxColumns columns of b).
+//
+// One persistent CTA per SM streams its share of the weight rows through a ring of shared-memory
+// tiles with 16-byte cp.async copies and quantizes b into shared memory itself. A tile is cut
+// into groups of 8 blocks (256 elements: 144 or 272 bytes); each thread takes half a group (4
+// blocks, read with 8-byte shared loads) and lanes 2i and 2i + 1 share one. A tile holds as many
+// rows as give each thread of the CTA one half group, so a thread meets the same part of b in
+// every tile: with one column (decode) it reads that part (4 blocks: 128 quants and 4 scale
+// pairs, 40 registers) from shared memory once, not per tile (kRegB), which halves the shared
+// memory traffic of Q4_0's loop (its b bytes outnumber its weight bytes two to one).
+//
+// No barrier per tile: each warp copies the part of every tile its own lanes multiply (16 groups
+// from warp * 16 on) and waits for its own copies (cp.async.wait_group, then a warp barrier), so
+// the warps drift apart and one's shared loads, dp4a and shuffles overlap another's instead of
+// all taking turns at each step (Q4_0 14336x4096: 15.4 -> 14.3 us, H100). A warp sums its lanes
+// row by row with shuffles into a tile's partial buffer; the CTA meets only when the partial
+// buffers of up to kMaxRedTiles tiles (as many as shared memory holds) are full, and then adds
+// them into row sums: for 14336x4096 once, at the end; with 8 columns every tile.
+//
+// The kernel is launched as a programmatic dependent of the previous kernel: it fetches weights
+// (which no kernel writes) and pulls b's lines into the L2 (fetching is not reading: the L2 is
+// where every write lands) before it waits for that kernel (griddepcontrol.wait) and reads b.
+// With one or two columns its registers, and for most shapes its shared memory, fit two CTAs on
+// an SM: the next matrix-vector kernel's CTA becomes resident and starts its fetches while this
+// one drains (kPairStages). Otherwise one CTA per SM runs a deeper ring (kSoloStages).
+//
+// The kernel and its launch are templates here; staged_matvec.cu instantiates them for Q4_0 and
+// Q8_0, staged_matvec_k.cu for the K-quants (two units that compile side by side).
+#pragma once
+
+#include <algorithm>
+#include <span>
+
+#include "common.cuh"
+#include "matvec.cuh"
+
+namespace tandem::cuda::staged {
+
+constexpr int kStagedThreads = 512;  // most threads of a CTA
+constexpr int kPairStages = 3;       // tiles in the ring of a CTA that shares its SM: two in flight
+constexpr int kSoloStages = 5;       // ... of a CTA alone on its SM: four in flight
+constexpr int kGroupBlocks = 8;
+constexpr int kHalfBlocks = kGroupBlocks / 2;
+constexpr int kGroupElems = kGroupBlocks * kQBlock;  // 256
+constexpr int kMaxTileGroups = kStagedThreads / 2;   // most groups in a tile of several rows
+constexpr int kStageTargetBytes = 32 * 1024;         // largest tile
+// b in shared memory, per group of 256: the int8 quants of each half at kBHalfBytes * h and
+// {d, 8 d sum(q)} per block of each half at kBScaleHalf * h. The pads put the two halves that
+// neighbouring lanes read in different banks.
+constexpr int kBHalfBytes = kGroupElems / 2 + 16;
+constexpr int kBGroupBytes = 2 * kBHalfBytes;
+constexpr int kBScaleHalf = kHalfBlocks * 8 + 8;  // bytes
+constexpr int kBScaleBytes = 2 * kBScaleHalf;
+// CTAs per SM the registers allow: the one- and two-column kernels fit two in 64 registers a
+// thread, except the K-quants' (Q4_K's spilled 16 bytes, Q5_K's 120, Q6_K's 192; Q4_K two to an
+// SM, with or without b in registers, measured no faster than one: bench/NOTES.md).
+template <DType kType, int kCols>
+constexpr int kStagedMinBlocks = kCols <= 2 && !is_k_quant(kType) ? 2 : 1;
+// A CTA alone on its SM (the deeper ring) may use all of the SM's registers: at 64 the one-column
+// Q4_0 kernel spilled once its prologue grew; with them the one-column Q4_0 and Q8_0 kernels alone
+// on their SM ran 0.2-0.8 us faster (aaa9c84, H100, 2026-11-21; bench/NOTES.md).
+template <DType kType, int kCols, int kStages>
+constexpr int kStagedLaunchBlocks = kStages == kSoloStages ? 1 : kStagedMinBlocks<kType, kCols>;
+// Tiles fetched before the wait for the preceding kernel (kEarly); the rest follow b's first
+// loads. b's loads queue behind the copies in flight: the one-column Q4_0 kernel alone on its SM
+// (rows of 14336) measured fastest sending two of its four first (1, 3 or all four, or a sixth
+// stage, were slower); Q8_0 measured fastest with all four. The one-column Q4_0 kernel sharing its
+// SM sends one of its two when its CTA has more than kLongTiles tiles (kLongRows; the next launch's
+// early fetches then slow this one's stream less): 4096x14336 (7 tiles) 14.73 -> 14.36 us; with
+// fewer it sends both (4096x4096, 2 tiles: 7.25 us, 7.37 with one; q/k/v, 3 tiles: no change;
+// H100).
+template <DType kType, int kCols, int kStages, bool kLongRows>
+constexpr int kPreIssue = kType != DType::Q4_0 || kCols != 1 ? kStages - 1
+                          : kStages == kSoloStages           ? 2
+                          : kLongRows                        ? 1
+                                                             : kStages - 1;
+constexpr int kLongTiles = 4;
+
+// A group of 256 elements: 8 blocks of Q4_0 / Q8_0 (a thread reads its half as 8-byte words), or
+// one K-quant super-block (read by k_half below).
+template <DType kType>
+struct GroupFormat {
+  static constexpr bool kSuper = is_k_quant(kType);
+  static constexpr int kBlockBytes = kType == DType::Q4_0 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+  static constexpr int kBytes = kType == DType::Q4_K   ? sizeof(BlockQ4_K)
+                                : kType == DType::Q5_K ? sizeof(BlockQ5_K)
+                                : kType == DType::Q6_K ? sizeof(BlockQ6_K)
+                                                       : kGroupBlocks * kBlockBytes;  // 144 or 272
+  static constexpr int kHalfBytes = kHalfBlocks * kBlockBytes;  // 72 or 136: 8-byte words
+  static constexpr int kHalfWords = kHalfBytes / 4;
+  static_assert(kHalfWords * 4 == kHalfBytes, "a half group is whole words");
+  // b's scale pairs carry d * sum(q) for the weights' offsets: Q4_0's -8, the K-quant mins.
+  static constexpr bool kSumB =
+      kType == DType::Q4_0 || kType == DType::Q4_K || kType == DType::Q5_K;
+};
+
+struct StagedLayout {
+  int gpr;                                // groups per row (K / 256)
+  int rows;                               // rows per tile
+  int threads;                            // threads per CTA: two per group of a full tile
+  int stage_bytes;                        // rows * row bytes
+  int red_tiles;                          // tiles whose row partials one set of buffers holds
+  size_t b_scale, stages, reduce, total;  // shared-memory offsets (b quants at 0) and size
+};
+
+// Where a tile's row sums go, left by thread 0 for the flush that writes them.
+struct TileOut {
+  float* out;
+  int part_rows, rows;
+};
+constexpr int kMaxRedTiles = 16;
+
+// The tiles as large as `budget` bytes of shared memory allow (at most kStageTargetBytes), then
+// partial buffers for as many tiles as the rest holds (at least one; at most kMaxRedTiles or the
+// tiles of a CTA of cta_rows rows in `parts` matrices); total > budget when not even one row per
+// tile fits.
+template <DType kType>
+StagedLayout staged_layout(int64_t K, int cols, size_t budget, int ring, int64_t cta_rows,
+                           int parts) {
+  StagedLayout l{};
+  l.gpr = int(K / kGroupElems);
+  const int row_bytes = l.gpr * GroupFormat<kType>::kBytes;
+  l.b_scale = size_t(cols) * size_t(l.gpr) * kBGroupBytes;
+  l.stages = l.b_scale + size_t(cols) * size_t(l.gpr) * kBScaleBytes;
+  // Two sets of one tile's partials (one float per column and group slot) and their TileOuts.
+  const size_t red_min = 2 * (size_t(cols) * kMaxTileGroups * sizeof(float) + sizeof(TileOut));
+  const size_t room = budget > l.stages + red_min ? (budget - l.stages - red_min) / ring : 0;
+  const int stage_cap = int(std::min<size_t>(kStageTargetBytes, room));
+  l.rows = std::max(1, std::min(kMaxTileGroups / l.gpr, stage_cap / row_bytes));
+  l.threads = std::min(kStagedThreads, (2 * l.rows * l.gpr + 31) / 32 * 32);
+  l.stage_bytes = l.rows * row_bytes;
+  l.reduce = l.stages + size_t(ring) * size_t(l.stage_bytes);
+  // Shared memory per tile of partials: its slot in both sets.
+  const size_t per_tile = 2 * (size_t(cols) * (l.threads / 2) * sizeof(float) + sizeof(TileOut));
+  const int64_t cta_tiles = (cta_rows + l.rows - 1) / l.rows + parts - 1;  // parts split tiles
+  l.red_tiles = int(std::clamp<size_t>(budget > l.reduce ? (budget - l.reduce) / per_tile : 0, 1,
+                                       size_t(std::min<int64_t>(kMaxRedTiles, cta_tiles))));
+  l.total = l.reduce + size_t(l.red_tiles) * per_tile;
+  return l;
+}
+
+// Block kBlk of a half group held in registers as 32-bit words: its f16 scale and its quant
+// words (4 for Q4_0, 8 for Q8_0). Blocks alternate between word-aligned and half-word offsets
+// (18 and 34 bytes are 2 mod 4); the shift is resolved at compile time.
+template <DType kType, int kBlk>
+__device__ __forceinline__ float block_words(const uint32_t (&w)[GroupFormat<kType>::kHalfWords],
+                                             uint32_t (&q)[kType == DType::Q4_0 ? 4 : 8]) {
+  constexpr int kOff = kBlk * GroupFormat<kType>::kBlockBytes;
+  constexpr int kN = kType == DType::Q4_0 ? 4 : 8;
+  static_assert(kOff / 4 + kN < GroupFormat<kType>::kHalfWords, "block runs past the half group");
+  uint16_t d;
+  if constexpr (kOff % 4 == 0) {
+    d = uint16_t(w[kOff / 4] & 0xFFFFu);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) q[i] = __funnelshift_r(w[kOff / 4 + i], w[kOff / 4 + i + 1], 16);
+  } else {
+    d = uint16_t(w[kOff / 4] >> 16);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) q[i] = w[kOff / 4 + 1 + i];
+  }
+  return f16_bits_to_f32(d);
+}
+
+// The integer dot product of a weight block's quants q with b's quants of that block: lo holds
+// b's elements 0-15, hi 16-31. Q4_0's -8 offset is left to the caller (s.y below).
+template <DType kType>
+__device__ __forceinline__ int block_dot(const uint32_t (&q)[kType == DType::Q4_0 ? 4 : 8],
+                                         const int4& lo, const int4& hi) {
+  int dot;
+  if constexpr (kType == DType::Q4_0) {
+    // Byte i holds element i (low nibble) and i + 16 (high nibble).
+    dot = __dp4a(int(q[0] & 0x0F0F0F0Fu), lo.x, 0);
+    dot = __dp4a(int(q[1] & 0x0F0F0F0Fu), lo.y, dot);
+    dot = __dp4a(int(q[2] & 0x0F0F0F0Fu), lo.z, dot);
+    dot = __dp4a(int(q[3] & 0x0F0F0F0Fu), lo.w, dot);
+    dot = __dp4a(int((q[0] >> 4) & 0x0F0F0F0Fu), hi.x, dot);
+    dot = __dp4a(int((q[1] >> 4) & 0x0F0F0F0Fu), hi.y, dot);
+    dot = __dp4a(int((q[2] >> 4) & 0x0F0F0F0Fu), hi.z, dot);
+    dot = __dp4a(int((q[3] >> 4) & 0x0F0F0F0Fu), hi.w, dot);
+  } else {
+    dot = __dp4a(int(q[0]), lo.x, 0);
+    dot = __dp4a(int(q[1]), lo.y, dot);
+    dot = __dp4a(int(q[2]), lo.z, dot);
+    dot = __dp4a(int(q[3]), lo.w, dot);
+    dot = __dp4a(int(q[4]), hi.x, dot);
+    dot = __dp4a(int(q[5]), hi.y, dot);
+    dot = __dp4a(int(q[6]), hi.z, dot);
+    dot = __dp4a(int(q[7]), hi.w, dot);
+  }
+  return dot;
+}
+
+// acc += a weight block (scale dw, quants q) times b's block: quants lo/hi, scales s = {d,
+// 8 d sum(q)} (the second term is Q4_0's -8 offset).
+template <DType kType>
+__device__ __forceinline__ void block_accumulate(float dw,
+                                                 const uint32_t (&q)[kType == DType::Q4_0 ? 4 : 8],
+                                                 const int4& lo, const int4& hi, float2 s,
+                                                 float& acc) {
+  const int dot = block_dot<kType>(q, lo, hi);
+  if constexpr (kType == DType::Q4_0) {
+    acc += dw * (s.x * float(dot) - s.y);
+  } else {
+    acc += dw * s.x * float(dot);
+  }
+}
+
+// Adds block kBlk of a half group times the quantized b, for every column. bq and bs point at
+// the half group's first block of b (column 0).
+template <DType kType, int kBlk, int kCols>
+__device__ __forceinline__ void half_group_block(
+    const uint32_t (&w)[GroupFormat<kType>::kHalfWords], const int8_t* bq, const float2* bs,
+    int col_quant_bytes, int col_scales, float (&acc)[kCols]) {
+  uint32_t q[kType == DType::Q4_0 ? 4 : 8];
+  const float dw = block_words<kType, kBlk>(w, q);
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const int4 lo = *reinterpret_cast<const int4*>(bq + c * col_quant_bytes + kBlk * kQBlock);
+    const int4 hi = *reinterpret_cast<const int4*>(bq + c * col_quant_bytes + kBlk * kQBlock + 16);
+    block_accumulate<kType>(dw, q, lo, hi, bs[c * col_scales + kBlk], acc[c]);
+  }
+}
+
+// The same for one column whose half group of b is held in registers.
+template <DType kType, int kBlk>
+__device__ __forceinline__ void half_group_block_held(
+    const uint32_t (&w)[GroupFormat<kType>::kHalfWords], const int4 (&lo)[kHalfBlocks],
+    const int4 (&hi)[kHalfBlocks], const float2 (&s)[kHalfBlocks], float& acc) {
+  uint32_t q[kType == DType::Q4_0 ? 4 : 8];
+  const float dw = block_words<kType, kBlk>(w, q);
+  block_accumulate<kType>(dw, q, lo[kBlk], hi[kBlk], s[kBlk], acc);
+}
+
+// A K-quant super-block in shared memory (`blk`), the half `half` of its elements (128: the
+// sub-blocks of 32 that meet b's blocks 4 * half to 4 * half + 3). For each of its four blocks of
+// 32 it calls apply(jj, q, f_lo, f_hi, m) with the block's quants as eight int8x4 words (signed
+// for Q6_K) and its scales: element i of the block weighs q_i * (i < 16 ? f_lo : f_hi) - m.
+//   Q4_K / Q5_K (16-byte aligned: 144 and 176 are multiples of 16): d, dmin and the 12 scale
+//   bytes are one 16-byte load; byte jj of sc4 / m4 is sub-block 4 * half + jj's 6-bit scale /
+//   min (k_scale_min() on four sub-blocks at once). Neighbouring sub-blocks share their quant
+//   bytes (low and high nibbles), so each 16-byte load of quants serves two blocks.
+//   Q6_K (210 bytes: every other super-block starts 2 bytes past a word) is read as aligned
+//   words shifted into place; a 16-element group has its own int8 scale.
+template <DType kType, typename Apply>
+__device__ __forceinline__ void k_half(const uint8_t* blk, int half, Apply&& apply) {
+  if constexpr (kType == DType::Q4_K || kType == DType::Q5_K) {
+    constexpr int kQsOffset =
+        kType == DType::Q4_K ? offsetof(BlockQ4_K, qs) : offsetof(BlockQ5_K, qs);
+    const uint4 head = *reinterpret_cast<const uint4*>(blk);
+    const float d = f16_bits_to_f32(uint16_t(head.x & 0xFFFFu));
+    const float dmin = f16_bits_to_f32(uint16_t(head.x >> 16));
+    const uint32_t sc4 =
+        half == 0 ? head.y & 0x3F3F3F3Fu : (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u);
+    const uint32_t m4 = half == 0 ? head.z & 0x3F3F3F3Fu
+                                  : ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u);
+    uint32_t qh[kType == DType::Q5_K ? 8 : 1];
+    if constexpr (kType == DType::Q5_K) {
+      const uint4 h0 = *reinterpret_cast<const uint4*>(blk + offsetof(BlockQ5_K, qh));
+      const uint4 h1 = *reinterpret_cast<const uint4*>(blk + offsetof(BlockQ5_K, qh) + 16);
+      qh[0] = h0.x, qh[1] = h0.y, qh[2] = h0.z, qh[3] = h0.w;
+      qh[4] = h1.x, qh[5] = h1.y, qh[6] = h1.z, qh[7] = h1.w;
+    }
+    const uint8_t* qs = blk + kQsOffset + 64 * half;
+#pragma unroll
+    for (int pair = 0; pair < 2; ++pair) {
+      const uint4 x0 = *reinterpret_cast<const uint4*>(qs + 32 * pair);
+      const uint4 x1 = *reinterpret_cast<const uint4*>(qs + 32 * pair + 16);
+      const uint32_t x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int nib = 0; nib < 2; ++nib) {
+        const int jj = 2 * pair + nib;
+        uint32_t q[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          q[i] = (x[i] >> (4 * nib)) & 0x0F0F0F0Fu;
+          if constexpr (kType == DType::Q5_K) {
+            q[i] |= ((qh[i] >> (4 * half + jj)) & 0x01010101u) << 4;
+          }
+        }
+        const float f = d * float((sc4 >> (8 * jj)) & 0xFFu);
+        apply(jj, q, f, f, dmin * float((m4 >> (8 * jj)) & 0xFFu));
+      }
+    }
+  } else {
+    static_assert(kType == DType::Q6_K, "K-quant type");
+    const auto base = reinterpret_cast<uintptr_t>(blk);
+    const auto* w = reinterpret_cast<const uint32_t*>(base & ~uintptr_t(3));
+    const uint32_t sh = uint32_t(base & 3) * 8;  // 0 or 16
+    // Word i of the bytes from byte offset `off` of the super-block.
+    auto word = [&](int off, int i) {
+      return __funnelshift_r(w[off / 4 + i], w[off / 4 + i + 1], sh);
+    };
+    uint32_t qh[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qh[i] = word(offsetof(BlockQ6_K, qh) + 32 * half, i);
+    const uint32_t sc_lo = word(offsetof(BlockQ6_K, scales) + 8 * half, 0);
+    const uint32_t sc_hi = word(offsetof(BlockQ6_K, scales) + 8 * half, 1);
+    const float d = f16_bits_to_f32(uint16_t(word(offsetof(BlockQ6_K, d), 0) & 0xFFFFu));
+#pragma unroll
+    for (int part = 0; part < 2; ++part) {  // ql bytes 32 * part: blocks part and part + 2
+      uint32_t x[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = word(64 * half + 32 * part, i);
+#pragma unroll
+      for (int nib = 0; nib < 2; ++nib) {
+        const int k = part + 2 * nib;
+        uint32_t q[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const uint32_t v =
+              ((x[i] >> (4 * nib)) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * k)) & 0x03030303u) << 4);
+          q[i] = __vsub4(v, 0x20202020u);
+        }
+        // The scales of the block's two 16-element groups: bytes 2k and 2k + 1 of the half's 8.
+        const uint32_t sw = k < 2 ? sc_lo : sc_hi;
+        const float f_lo = d * float(int8_t((sw >> (16 * (k % 2))) & 0xFFu));
+        const float f_hi = d * float(int8_t((sw >> (16 * (k % 2) + 8)) & 0xFFu));
+        apply(k, q, f_lo, f_hi, 0.0f);
+      }
+    }
+  }
+}
+
+// acc += a K-quant block (quants q, scales f_lo / f_hi, min m) times b's block: quants lo / hi,
+// scales s = {d, d sum(q)}. One scale for the whole block (Q4_K, Q5_K) takes one dot product.
+template <DType kType>
+__device__ __forceinline__ void k_block_accumulate(const uint32_t (&q)[8], float f_lo, float f_hi,
+                                                   float m, const int4& lo, const int4& hi,
+                                                   float2 s, float& acc) {
+  if constexpr (kType == DType::Q6_K) {
+    int dlo = __dp4a(int(q[0]), lo.x, 0);
+    dlo = __dp4a(int(q[1]), lo.y, dlo);
+    dlo = __dp4a(int(q[2]), lo.z, dlo);
+    dlo = __dp4a(int(q[3]), lo.w, dlo);
+    int dhi = __dp4a(int(q[4]), hi.x, 0);
+    dhi = __dp4a(int(q[5]), hi.y, dhi);
+    dhi = __dp4a(int(q[6]), hi.z, dhi);
+    dhi = __dp4a(int(q[7]), hi.w, dhi);
+    acc += s.x * (f_lo * float(dlo) + f_hi * float(dhi));
+  } else {
+    int dot = __dp4a(int(q[0]), lo.x, 0);
+    dot = __dp4a(int(q[1]), lo.y, dot);
+    dot = __dp4a(int(q[2]), lo.z, dot);
+    dot = __dp4a(int(q[3]), lo.w, dot);
+    dot = __dp4a(int(q[4]), hi.x, dot);
+    dot = __dp4a(int(q[5]), hi.y, dot);
+    dot = __dp4a(int(q[6]), hi.z, dot);
+    dot = __dp4a(int(q[7]), hi.w, dot);
+    acc += f_lo * (s.x * float(dot)) - m * s.y;
+  }
+}
+
+// Up to kMaxParts weight matrices multiplying the same b in one launch: rows [row_start[p],
+// row_start[p + 1]) of all rows are matrix p's.
+struct MatvecParts {
+  const uint8_t* a[kMaxParts];
+  float* out[kMaxParts];
+  int row_start[kMaxParts + 1];
+  int count;
+};
+
+// v[i] with constant indices only (a run-time index would copy the kernel parameter to local
+// memory).
+template <typename T, int kN>
+__device__ __forceinline__ T pick(const T (&v)[kN], int i) {
+  T r = v[0];
+#pragma unroll
+  for (int k = 1; k < kN; ++k) r = i == k ? v[k] : r;
+  return r;
+}
+
+// The part (matrix) that row r of all parts' rows belongs to.
+__device__ __forceinline__ int part_of(const MatvecParts& parts, int r) {
+  int p = 0;
+#pragma unroll
+  for (int k = 1; k < kMaxParts; ++k) p += k < parts.count && r >= parts.row_start[k];
+  return p;
+}
+
+// Row split: CTA c of G takes rows_q + (c < rows_r) rows (rows_q = M / G, rows_r = M % G).
+template <DType kType, int kCols, int kStages, bool kRegB, int kEarly>
+__global__ __launch_bounds__(
+    kStagedThreads,
+    kStagedLaunchBlocks<kType, kCols, kStages>) void staged_matvec_kernel(MatvecParts parts,
+                                                                          int64_t a_stride2,
+                                                                          int64_t a_stride3,
+                                                                          int a_div2, int a_div3,
+                                                                          int b_ne2, int rows_q,
+                                                                          int rows_r, int gpr,
+                                                                          int tile_rows,
+                                                                          int stage_bytes,
+                                                                          int red_tiles,
+                                                                          uint32_t off_scale,
+                                                                          uint32_t off_stages,
+                                                                          uint32_t off_reduce,
+                                                                          const float* b) {
+  using F = GroupFormat<kType>;
+  constexpr bool kQ4 = kType == DType::Q4_0;
+  extern __shared__ __align__(16) uint8_t smem[];
+  int8_t* s_bq = reinterpret_cast<int8_t*>(smem);
+  float2* s_bs = reinterpret_cast<float2*>(smem + off_scale);
+  // Two sets of red_tiles tiles' row partials, each with its tiles' TileOuts.
+  TileOut* s_out = reinterpret_cast<TileOut*>(smem + off_reduce);
+  float* s_red = reinterpret_cast<float*>(s_out + 2 * red_tiles);
+  const uint32_t s_stage = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + off_stages;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int threads = blockDim.x, warps = threads / 32, tile_groups = threads / 2;
+  const int z = int(blockIdx.y), i2 = z % b_ne2, i3 = z / b_ne2;
+  const int64_t K = int64_t(gpr) * kGroupElems;
+  const int row_bytes = gpr * F::kBytes;
+  const int64_t a_batch = (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3;
+  b += z * kCols * K;
+
+  // Pull b into the L2 before the weight copies queue up; each CTA takes a share of its lines.
+  {
+    const auto* bl = reinterpret_cast<const uint8_t*>(b);
+    const int lines = int((kCols * K * int64_t(sizeof(float)) + 127) / 128);
+    for (int i = int(blockIdx.x) * threads + tid; i < lines; i += int(gridDim.x) * threads) {
+      prefetch_l2(bl + int64_t(i) * 128);
+    }
+  }
+
+  // This CTA's rows, in tiles of up to tile_rows that never straddle two parts.
+  const int cta = int(blockIdx.x);
+  const int row_begin = cta * rows_q + min(cta, rows_r);
+  const int row_end = row_begin + rows_q + (cta < rows_r);
+  // Where the tiles of a part stand: the next tile's first row, the end of the rows of this
+  // part that are this CTA's, and the part's first row.
+  struct Cursor {
+    int row, seg_end, part, part_begin;
+  };
+  auto next_rows = [&](Cursor& c) {  // rows of the tile at c, entering the next part if due
+    if (c.row == c.seg_end && c.row < row_end) {
+      c.part = part_of(parts, c.row);
+      c.part_begin = pick(parts.row_start, c.part);
+      c.seg_end = min(row_end, pick(parts.row_start, c.part + 1));
+    }
+    return min(tile_rows, c.seg_end - c.row);
+  };
+
+  Cursor fetch{row_begin, row_begin, 0, 0};
+  const uint8_t* fetch_src = nullptr;
+  uint32_t fetch_dst = s_stage;
+  auto issue = [&] {  // the next tile, into the next slot of the ring
+    const bool entered = fetch.row == fetch.seg_end;
+    const int nr = next_rows(fetch);
+    if (nr > 0) {
+      if (entered) {
+        fetch_src =
+            pick(parts.a, fetch.part) + a_batch + int64_t(fetch.row - fetch.part_begin) * row_bytes;
+      }
+      // This warp's share: the groups its lanes multiply (16 from warp * 16 on, every
+      // tile_groups), so no other warp reads what it copies and a warp barrier suffices.
+      const int groups = nr * gpr;
+      for (int g0 = warp * 16; g0 < groups; g0 += tile_groups) {
+        const int bytes = min(16, groups - g0) * F::kBytes, base = g0 * F::kBytes;
+#pragma unroll 4
+        for (int off = base + lane * 16; off < base + bytes; off += 32 * 16) {
+          copy_async_16(fetch_dst + off, fetch_src + off);
+        }
+      }
+      fetch_src += nr * row_bytes;
+      fetch.row += nr;
+    }
+    fetch_dst =
+        fetch_dst == s_stage + (kStages - 1) * stage_bytes ? s_stage : fetch_dst + stage_bytes;
+    copy_async_commit();  // possibly empty: keeps the group count uniform
+  };
+#pragma unroll
+  for (int s = 0; s < kEarly; ++s) issue();
+  grid_launch_dependents();
+  grid_dependency_wait();  // b is written by the preceding kernel
+
+  // Quantize b while the first tiles arrive: a block of 32 per pair of lanes, 16 values each.
+  // Two items' loads go out before either is used (one L2 round trip for b up to 2 * threads
+  // blocks: K = 14336 with 448 threads).
+  const int blocks_per_col = gpr * kGroupBlocks;
+  const int items = 2 * kCols * blocks_per_col;
+  auto quantize = [&](int t, const float4(&x)[4]) {
+    const int blk = t / 2, part = t % 2;
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      amax = fmaxf(amax,
+                   fmaxf(fmaxf(fabsf(x[i].x), fabsf(x[i].y)), fmaxf(fabsf(x[i].z), fabsf(x[i].w))));
+    }
+    // Both lanes of a pair are active together: items and threads are even.
+    amax = fmaxf(amax, __shfl_xor_sync(__activemask(), amax, 1));
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    uint32_t q[4];
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      q[i] = (uint32_t(int(rintf(x[i].x * inv))) & 0xFFu) |
+             ((uint32_t(int(rintf(x[i].y * inv))) & 0xFFu) << 8) |
+             ((uint32_t(int(rintf(x[i].z * inv))) & 0xFFu) << 16) |
+             (uint32_t(int(rintf(x[i].w * inv))) << 24);
+      sum = __dp4a(int(q[i]), 0x01010101, sum);
+    }
+    sum += __shfl_xor_sync(__activemask(), sum, 1);
+    const int c = blk / blocks_per_col, bi = blk % blocks_per_col;
+    const int g = bi / kGroupBlocks, j = bi % kGroupBlocks;
+    const int h = j / kHalfBlocks, jj = j % kHalfBlocks;
+    *reinterpret_cast<uint4*>(s_bq + (c * gpr + g) * kBGroupBytes + h * kBHalfBytes + jj * kQBlock +
+                              16 * part) = make_uint4(q[0], q[1], q[2], q[3]);
+    if (part == 0) {
+      s_bs[((c * gpr + g) * kBScaleBytes + h * kBScaleHalf) / 8 + jj] =
+          make_float2(d, !F::kSumB ? 0.0f
+                         : kQ4     ? 8.0f * d * float(sum)
+                                   : d * float(sum));
+    }
+  };
+  auto load_items = [&](int t0, float4(&x)[2][4]) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int t = t0 + u * threads;
+      const float4* src =
+          reinterpret_cast<const float4*>(b + int64_t(t / 2) * kQBlock) + 4 * (t % 2);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        x[u][i] = t < items ? __ldcg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+  };
+  int t_next = tid;
+  auto quantize_items = [&](int t0, const float4(&x)[2][4]) {
+    if (t0 < items) quantize(t0, x[0]);
+    if (t0 + threads < items) quantize(t0 + threads, x[1]);
+  };
+  if constexpr (kEarly < kStages - 1) {
+    // The ring's other first tiles go out right after this thread's first loads of b, so they
+    // queue behind b, not b behind them (Q4_0 14336x4096: 15.50 -> 15.37 us, H100).
+    float4 x[2][4];
+    load_items(tid, x);
+#pragma unroll
+    for (int s = kEarly; s < kStages - 1; ++s) issue();
+    quantize_items(tid, x);
+    t_next += 2 * threads;
+  }
+  for (int t0 = t_next; t0 < items; t0 += 2 * threads) {
+    float4 x[2][4];
+    load_items(t0, x);
+    quantize_items(t0, x);
+  }
+
+  // Lanes 2i and 2i + 1 take the two halves of group slot 16 * warp + i: the 8-byte shared loads
+  // of 16 neighbouring lanes fall in distinct banks. In a tile of several rows slot s is group
+  // s % gpr of row s / gpr, the same group of b in every tile (tile_groups >= rows * gpr); in a
+  // tile of one row a thread walks the row's groups from its slot on.
+  const int half = lane % 2;
+  const int my_group = warp * 16 + lane / 2;
+  const int my_column = my_group % gpr;
+  const int col_quant_bytes = gpr * kBGroupBytes, col_scales = gpr * (kBScaleBytes / 8);
+  // This thread's half of group g of b (column 0): its quants and its blocks' scale pairs.
+  auto b_quants = [&](int g) { return s_bq + g * kBGroupBytes + half * kBHalfBytes; };
+  auto b_scales = [&](int g) { return s_bs + (g * kBScaleBytes + half * kBScaleHalf) / 8; };
+  // With one column and tiles of several rows a thread meets the same half group of b in every
+  // tile: its quants and scales are read from shared memory once, into registers (kRegB).
+  int4 b_lo[kRegB ? kHalfBlocks : 1], b_hi[kRegB ? kHalfBlocks : 1];
+  float2 b_s[kRegB ? kHalfBlocks : 1];
+  __syncthreads();  // b is quantized
+  if constexpr (kRegB) {
+    const int8_t* bq = b_quants(my_column);
+    const float2* bs = b_scales(my_column);
+#pragma unroll
+    for (int j = 0; j < kHalfBlocks; ++j) {
+      b_lo[j] = *reinterpret_cast<const int4*>(bq + j * kQBlock);
+      b_hi[j] = *reinterpret_cast<const int4*>(bq + j * kQBlock + 16);
+      b_s[j] = bs[j];
+    }
+  }
+  // A warp sums its slots row by row (shuffles within the lanes of one row); the first lane of
+  // each row in the warp leaves the sum in the slot's place, and a row adds the sums at its first
+  // slot and at each warp start inside it, in a fixed order (deterministic).
+  auto row_of = [&](int slot) { return tile_rows == 1 ? 0 : slot / gpr; };
+  const int my_row = row_of(my_group);
+  const int warp_last = warp * 16 + 15;
+  const int row_last = tile_rows == 1 ? warp_last : min(warp_last, (my_row + 1) * gpr - 1);
+  const int seg_last_lane = 2 * (row_last - warp * 16) + 1;
+  const bool seg_head = half == 0 && (lane == 0 || row_of(my_group - 1) != my_row);
+  const int red_stride = kCols * tile_groups;  // floats per tile's partials
+  // Row sums of the filled tiles of the current set: a barrier (every warp is done with them),
+  // then a thread per row and column adds its partials.
+  int set = 0, filled = 0;
+  auto flush = [&] {
+    __syncthreads();
+    const TileOut* to = s_out + set * red_tiles;
+    const float* red = s_red + set * red_tiles * red_stride;
+    const int per_tile = tile_rows * kCols;
+    for (int i = tid; i < filled * per_tile; i += threads) {
+      const int t = i / per_tile, c = i % per_tile / tile_rows, rr = i % tile_rows;
+      const TileOut o = to[t];
+      if (rr >= o.rows) continue;
+      const float* r = red + t * red_stride + c * tile_groups;
+      float v;
+      if (tile_rows == 1) {
+        v = r[0];
+        for (int w = 1; w < warps; ++w) v += r[16 * w];
+      } else {
+        const int s0 = rr * gpr, s1 = s0 + gpr;
+        v = r[s0];
+        for (int s = (s0 / 16 + 1) * 16; s < s1; s += 16) v += r[s];
+      }
+      o.out[int64_t(c) * o.part_rows + rr] = v;
+    }
+    set ^= 1;
+    filled = 0;
+  };
+
+  Cursor cur{row_begin, row_begin, 0, 0};
+  int slot = 0;  // byte offset of this tile's slot in the ring
+  for (;;) {
+    const int nr = next_rows(cur);
+    if (nr <= 0) break;
+    copy_async_wait<kStages - 2>();
+    // This warp's share of the tile is visible to its lanes, and they are done with the
+    // previous tile, so its slot may be refilled.
+    __syncwarp();
+    issue();
+
+    float acc[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+    for (int gi = my_group; gi < nr * gpr; gi += tile_groups) {
+      const uint8_t* group = smem + off_stages + slot + gi * F::kBytes;
+      const int jg = my_column + (gi - my_group);  // b's group when not held (kRegB)
+      const int8_t* bq = b_quants(jg);
+      const float2* bs = b_scales(jg);
+      if constexpr (F::kSuper) {
+        k_half<kType>(
+            group, half, [&](int jj, const uint32_t(&q)[8], float f_lo, float f_hi, float m) {
+              if constexpr (kRegB) {
+                k_block_accumulate<kType>(q, f_lo, f_hi, m, b_lo[jj], b_hi[jj], b_s[jj], acc[0]);
+              } else {
+#pragma unroll
+                for (int c = 0; c < kCols; ++c) {
+                  const int8_t* bb = bq + c * col_quant_bytes + jj * kQBlock;
+                  k_block_accumulate<kType>(q, f_lo, f_hi, m, *reinterpret_cast<const int4*>(bb),
+                                            *reinterpret_cast<const int4*>(bb + 16),
+                                            bs[c * col_scales + jj], acc[c]);
+                }
+              }
+            });
+      } else {
+        uint32_t w[F::kHalfWords];
+        const auto* src = reinterpret_cast<const uint2*>(group + half * F::kHalfBytes);
+#pragma unroll
+        for (int v = 0; v < F::kHalfWords / 2; ++v) {
+          const uint2 x = src[v];
+          w[2 * v] = x.x, w[2 * v + 1] = x.y;
+        }
+        if constexpr (kRegB) {
+          half_group_block_held<kType, 0>(w, b_lo, b_hi, b_s, acc[0]);
+          half_group_block_held<kType, 1>(w, b_lo, b_hi, b_s, acc[0]);
+          half_group_block_held<kType, 2>(w, b_lo, b_hi, b_s, acc[0]);
+          half_group_block_held<kType, 3>(w, b_lo, b_hi, b_s, acc[0]);
+        } else {
+          half_group_block<kType, 0, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+          half_group_block<kType, 1, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+          half_group_block<kType, 2, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+          half_group_block<kType, 3, kCols>(w, bq, bs, col_quant_bytes, col_scales, acc);
+        }
+      }
+    }
+    float* red = s_red + (set * red_tiles + filled) * red_stride;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      float v = acc[c] + __shfl_xor_sync(0xffffffffu, acc[c], 1);
+#pragma unroll
+      for (int o = 2; o < 32; o <<= 1) {
+        const float n = __shfl_down_sync(0xffffffffu, v, o);
+        if (lane + o <= seg_last_lane) v += n;
+      }
+      if (seg_head) red[c * tile_groups + my_group] = v;
+    }
+    if (tid == 0) {
+      const int part_rows = pick(parts.row_start, cur.part + 1) - cur.part_begin;
+      s_out[set * red_tiles + filled] = {
+          pick(parts.out, cur.part) + int64_t(z) * part_rows * kCols + (cur.row - cur.part_begin),
+          part_rows, nr};
+    }
+    cur.row += nr;
+    slot = slot == (kStages - 1) * stage_bytes ? 0 : slot + stage_bytes;
+    if (++filled == red_tiles) flush();
+  }
+  if (filled > 0) flush();
+  copy_async_wait<0>();  // no copy may outlive the CTA (the trailing groups are empty)
+}
+
+// Launches the staged kernel for one node, or for several that share b (one part each), when
+// the layout allows it; false leaves them to the generic kernel (strided or unaligned weights, K
+// not a multiple of 256, too little shared memory).
+template <DType kType, int kCols>
+bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
+  const NodeExecution& first = execs.front();
+  const TensorDesc& a0 = *first.inputs[0].desc;
+  const TensorDesc& b = *first.inputs[1].desc;
+  const int64_t K = a0.ne[0];
+  const auto* bp = static_cast<const float*>(first.inputs[1].data);
+  const bool fused = execs.size() > 1;
+  // Tiles are copied in 16-byte pieces: rows of Q6_K (210-byte groups) need K % 2048 == 0.
+  if (K % kGroupElems != 0 || row_bytes(kType, K) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(bp) % 16 != 0 || !b.is_contiguous() ||
+      execs.size() > size_t(kMaxParts) || (fused && b.ne[2] * b.ne[3] != 1)) {
+    return false;
+  }
+  MatvecParts parts{};
+  parts.count = int(execs.size());
+  for (size_t i = 0; i < execs.size(); ++i) {
+    const TensorDesc& a = *execs[i].inputs[0].desc;
+    const auto* ap = static_cast<const uint8_t*>(execs[i].inputs[0].data);
+    if (a.dtype != kType || a.ne[0] != K || size_t(a.nb[1]) != row_bytes(kType, K) ||
+        a.nb[2] % 16 != 0 || a.nb[3] % 16 != 0 || reinterpret_cast<uintptr_t>(ap) % 16 != 0 ||
+        execs[i].inputs[1].data != first.inputs[1].data || execs[i].inputs[1].desc->ne != b.ne ||
+        execs[i].inputs[1].desc->nb != b.nb || (fused && a.ne[2] * a.ne[3] != 1) ||
+        parts.row_start[i] + a.ne[1] > int64_t(INT32_MAX)) {
+      return false;
+    }
+    parts.a[i] = ap;
+    parts.out[i] = static_cast<float*>(execs[i].output.data);
+    parts.row_start[i + 1] = int(parts.row_start[i] + a.ne[1]);
+  }
+  const int64_t M = parts.row_start[parts.count];
+  // One CTA per SM: a second would leave the next kernel no room.
+  const int64_t ctas = std::min<int64_t>(ctx.sm_count, M), cta_rows = (M + ctas - 1) / ctas;
+  // Two CTAs per SM (this kernel's and the next one's) only where half an SM's shared memory
+  // still holds tiles for 12 warps: with fewer (wide rows, Q8_0) one CTA alone with a deeper ring
+  // measured faster (bench/NOTES.md).
+  constexpr bool kMayPair = kStagedMinBlocks<kType, kCols> >= 2;
+  bool pair = kMayPair;
+  StagedLayout l =
+      staged_layout<kType>(K, kCols, ctx.smem_pair, kPairStages, cta_rows, parts.count);
+  if (!pair || l.total > ctx.smem_pair || l.threads < 384) {
+    pair = false;
+    l = staged_layout<kType>(K, kCols, ctx.smem_optin, kSoloStages, cta_rows, parts.count);
+  }
+  if (l.total > ctx.smem_optin) return false;
+  auto launch = [&](auto kernel) {
+    ctx.check(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)),
+        "quantized_matmul", "cudaFuncSetAttribute");
+    ctx.check(launch_programmatic(ctx.stream, dim3(unsigned(ctas), unsigned(b.ne[2] * b.ne[3])),
+                                  dim3(unsigned(l.threads)), l.total, kernel, parts,
+                                  int64_t(a0.nb[2]), int64_t(a0.nb[3]), int(b.ne[2] / a0.ne[2]),
+                                  int(b.ne[3] / a0.ne[3]), int(b.ne[2]), int(M / ctas),
+                                  int(M % ctas), l.gpr, l.rows, l.stage_bytes, l.red_tiles,
+                                  uint32_t(l.b_scale), uint32_t(l.stages), uint32_t(l.reduce), bp),
+              "quantized_matmul", "launch");
+  };
+  // b in registers: one column, and a thread's group of b the same in every tile.
+  const bool reg_b = kCols == 1 && l.rows > 1;
+  auto launch_ring = [&](auto stages, auto long_rows) {
+    constexpr int kStages = decltype(stages)::value;
+    constexpr int kEarly = kPreIssue<kType, kCols, kStages, decltype(long_rows)::value>;
+    reg_b ? launch(staged_matvec_kernel<kType, kCols, kStages, kCols == 1, kEarly>)
+          : launch(staged_matvec_kernel<kType, kCols, kStages, false, kEarly>);
+  };
+  using Pair = std::integral_constant<int, kPairStages>;
+  using Solo = std::integral_constant<int, kSoloStages>;
+  [[maybe_unused]] const bool long_rows = M > int64_t(kLongTiles) * l.rows * ctas;  // per CTA
+  if constexpr (kMayPair) {
+    if (pair) {
+      if constexpr (kType == DType::Q4_0 && kCols == 1) {  // the only kernel long rows change
+        if (long_rows) {
+          launch_ring(Pair{}, std::true_type{});
+          return true;
+        }
+      }
+      launch_ring(Pair{}, std::false_type{});
+      return true;
+    }
+  }
+  launch_ring(Solo{}, std::false_type{});
+  return true;
+}
+
+}  // namespace tandem::cuda::staged
