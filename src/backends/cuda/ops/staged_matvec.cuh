@@ -65,13 +65,14 @@ constexpr int kStagedLaunchBlocks = kStages == kSoloStages ? 1 : kStagedMinBlock
 // Tiles fetched before the wait for the preceding kernel (kEarly); the rest follow b's first
 // loads. b's loads queue behind the copies in flight: the one-column Q4_0 kernel alone on its SM
 // (rows of 14336) measured fastest sending two of its four first (1, 3 or all four, or a sixth
-// stage, were slower); Q8_0 measured fastest with all four. The one-column Q4_0 kernel sharing its
-// SM sends one of its two when its CTA has more than kLongTiles tiles (kLongRows; the next launch's
-// early fetches then slow this one's stream less): 4096x14336 (7 tiles) 14.73 -> 14.36 us; with
-// fewer it sends both (4096x4096, 2 tiles: 7.25 us, 7.37 with one; q/k/v, 3 tiles: no change;
-// H100).
+// stage, were slower); Q8_0 measured fastest with all four; the one-column K-quant kernels (always
+// alone on their SM) fastest with two (Q4_K 14336x4096: 69.5% of copy with four, 76.9% with two,
+// 69.6% with one; H100). The one-column Q4_0 kernel sharing its SM sends one of its two when its
+// CTA has more than kLongTiles tiles (kLongRows; the next launch's early fetches then slow this
+// one's stream less): 4096x14336 (7 tiles) 14.73 -> 14.36 us; with fewer it sends both
+// (4096x4096, 2 tiles: 7.25 us, 7.37 with one; q/k/v, 3 tiles: no change; H100).
 template <DType kType, int kCols, int kStages, bool kLongRows>
-constexpr int kPreIssue = kType != DType::Q4_0 || kCols != 1 ? kStages - 1
+constexpr int kPreIssue = kType == DType::Q8_0 || kCols != 1 ? kStages - 1
                           : kStages == kSoloStages           ? 2
                           : kLongRows                        ? 1
                                                              : kStages - 1;
