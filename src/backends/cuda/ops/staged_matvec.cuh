@@ -91,7 +91,9 @@ struct GroupFormat {
   static constexpr int kHalfBytes = kHalfBlocks * kBlockBytes;  // 72 or 136: 8-byte words
   static constexpr int kHalfWords = kHalfBytes / 4;
   static_assert(kHalfWords * 4 == kHalfBytes, "a half group is whole words");
-  // b's scale pairs carry d * sum(q) for the weights' offsets: Q4_0's -8, the K-quant mins.
+  // b's scale pairs carry d * sum(q) for the weights' offsets: Q4_0's -8, the K-quant mins;
+  // Q6_K's carry the integer sums of each 16-element half instead (its -32 offset, under two
+  // scales), packed into the bits of the second float (k_block_accumulate).
   static constexpr bool kSumB =
       kType == DType::Q4_0 || kType == DType::Q4_K || kType == DType::Q5_K;
 };
@@ -235,8 +237,9 @@ __device__ __forceinline__ void half_group_block_held(
 
 // A K-quant super-block in shared memory (`blk`), the half `half` of its elements (128: the
 // sub-blocks of 32 that meet b's blocks 4 * half to 4 * half + 3). For each of its four blocks of
-// 32 it calls apply(jj, q, f_lo, f_hi, m) with the block's quants as eight int8x4 words (signed
-// for Q6_K) and its scales: element i of the block weighs q_i * (i < 16 ? f_lo : f_hi) - m.
+// 32 it calls apply(jj, q, f_lo, f_hi, m) with the block's quants as eight int8x4 words and its
+// scales: element i of the block weighs q_i * (i < 16 ? f_lo : f_hi) - m (Q6_K: (q_i - 32) * f,
+// the 32 left to k_block_accumulate).
 //   Q4_K / Q5_K (16-byte aligned: 144 and 176 are multiples of 16): d, dmin and the 12 scale
 //   bytes are one 16-byte load; byte jj of sc4 / m4 is sub-block 4 * half + jj's 6-bit scale /
 //   min (k_scale_min() on four sub-blocks at once). Neighbouring sub-blocks share their quant
@@ -311,7 +314,7 @@ __device__ __forceinline__ void k_half(const uint8_t* blk, int half, Apply&& app
         for (int i = 0; i < 8; ++i) {
           const uint32_t v =
               ((x[i] >> (4 * nib)) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * k)) & 0x03030303u) << 4);
-          q[i] = __vsub4(v, 0x20202020u);
+          q[i] = v;  // 0..63: the -32 comes with b's sums
         }
         // The scales of the block's two 16-element groups: bytes 2k and 2k + 1 of the half's 8.
         const uint32_t sw = k < 2 ? sc_lo : sc_hi;
@@ -338,6 +341,10 @@ __device__ __forceinline__ void k_block_accumulate(const uint32_t (&q)[8], float
     dhi = __dp4a(int(q[5]), hi.y, dhi);
     dhi = __dp4a(int(q[6]), hi.z, dhi);
     dhi = __dp4a(int(q[7]), hi.w, dhi);
+    // The quants are unsigned (q + 32): subtract 32 times b's sums of each 16-element half.
+    const int sums = __float_as_int(s.y);
+    dlo -= 32 * ((sums << 16) >> 16);
+    dhi -= 32 * (sums >> 16);
     acc += s.x * (f_lo * float(dlo) + f_hi * float(dhi));
   } else {
     int dot = __dp4a(int(q[0]), lo.x, 0);
@@ -500,17 +507,21 @@ __global__ __launch_bounds__(
              (uint32_t(int(rintf(x[i].w * inv))) << 24);
       sum = __dp4a(int(q[i]), 0x01010101, sum);
     }
-    sum += __shfl_xor_sync(__activemask(), sum, 1);
+    const int half_sum = sum;  // elements 16 * part to 16 * part + 15
+    const int other_sum = __shfl_xor_sync(__activemask(), sum, 1);
+    sum += other_sum;
     const int c = blk / blocks_per_col, bi = blk % blocks_per_col;
     const int g = bi / kGroupBlocks, j = bi % kGroupBlocks;
     const int h = j / kHalfBlocks, jj = j % kHalfBlocks;
     *reinterpret_cast<uint4*>(s_bq + (c * gpr + g) * kBGroupBytes + h * kBHalfBytes + jj * kQBlock +
                               16 * part) = make_uint4(q[0], q[1], q[2], q[3]);
     if (part == 0) {
-      s_bs[((c * gpr + g) * kBScaleBytes + h * kBScaleHalf) / 8 + jj] =
-          make_float2(d, !F::kSumB ? 0.0f
-                         : kQ4     ? 8.0f * d * float(sum)
-                                   : d * float(sum));
+      s_bs[((c * gpr + g) * kBScaleBytes + h * kBScaleHalf) / 8 + jj] = make_float2(
+          d, kType == DType::Q6_K
+                 ? __int_as_float(int((uint32_t(half_sum) & 0xFFFFu) | (uint32_t(other_sum) << 16)))
+             : !F::kSumB ? 0.0f
+             : kQ4       ? 8.0f * d * float(sum)
+                         : d * float(sum));
     }
   };
   auto load_items = [&](int t0, float4(&x)[2][4]) {
