@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <initializer_list>
 #include <map>
 #include <random>
 #include <set>
@@ -402,6 +404,20 @@ TEST(CudaOps, FusedMoeRouteAndWeights) {
   }
 }
 
+// Each K x M weight matrix of dtype d times a K x N b, against the reference.
+void expect_quantized_products(Backend& backend, DType d,
+                               std::initializer_list<std::array<int64_t, 3>> shapes) {
+  for (const auto& [k, m, n] : shapes) {
+    Graph g;
+    TensorId a = g.weight("a", d, {k, m});
+    TensorId b = g.input("b", DType::F32, {k, n});
+    g.mark_output(g.matmul(a, b));
+    expect_close(compare_with_reference(g, backend), kMatmul,
+                 "quantized matmul " + std::string(dtype_name(d)) + " " + std::to_string(k) + "x" +
+                     std::to_string(m) + "x" + std::to_string(n));
+  }
+}
+
 TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
   TANDEM_REQUIRE_GPU(backend);
   for (DType d : {DType::Q4_0, DType::Q8_0}) {
@@ -409,29 +425,22 @@ TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
     // or several groups per thread; 4096x14336: more tiles per block than its partial buffers
     // hold, so the block adds row sums more than once); K = 96 and a K too large for its shared
     // memory take the generic one; 9 to 32 columns slices of up to 8; more the GEMM.
-    for (auto [k, m, n] : {std::tuple{256, 129, 1},
-                           {4096, 14336, 1},
-                           {4096, 64, 3},
-                           {2048, 37, 8},
-                           {14336, 300, 1},
-                           {11008, 77, 4},
-                           {4096, 2000, 2},
-                           {81920, 9, 1},
-                           {65536, 40, 8},
-                           {96, 50, 2},
-                           {512, 200, 9},
-                           {4096, 300, 16},
-                           {2048, 77, 27},
-                           {96, 40, 20},
-                           {1024, 256, 64}}) {
-      Graph g;
-      TensorId a = g.weight("a", d, {k, m});
-      TensorId b = g.input("b", DType::F32, {k, n});
-      g.mark_output(g.matmul(a, b));
-      expect_close(compare_with_reference(g, *backend), kMatmul,
-                   "quantized matmul " + std::string(dtype_name(d)) + " " + std::to_string(k) +
-                       "x" + std::to_string(m) + "x" + std::to_string(n));
-    }
+    expect_quantized_products(*backend, d,
+                              {{256, 129, 1},
+                               {4096, 14336, 1},
+                               {4096, 64, 3},
+                               {2048, 37, 8},
+                               {14336, 300, 1},
+                               {11008, 77, 4},
+                               {4096, 2000, 2},
+                               {81920, 9, 1},
+                               {65536, 40, 8},
+                               {96, 50, 2},
+                               {512, 200, 9},
+                               {4096, 300, 16},
+                               {2048, 77, 27},
+                               {96, 40, 20},
+                               {1024, 256, 64}});
     Graph g;  // batched b over one weight matrix (generic and staged kernels)
     TensorId a = g.weight("a", d, {128, 24});
     TensorId b = g.input("b", DType::F32, {128, 2, 3});
@@ -449,22 +458,15 @@ TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
 TEST(CudaOps, KQuantMatvecStagedAndGenericPaths) {
   TANDEM_REQUIRE_GPU(backend);
   for (DType d : kKQuantDTypes) {
-    for (auto [k, m, n] : {std::tuple{256, 129, 1},
-                           {2048, 37, 8},
-                           {4096, 300, 1},
-                           {4096, 64, 3},
-                           {14336, 64, 1},
-                           {2048, 2000, 2},
-                           {4608, 40, 1},
-                           {512, 200, 9}}) {
-      Graph g;
-      TensorId a = g.weight("a", d, {k, m});
-      TensorId b = g.input("b", DType::F32, {k, n});
-      g.mark_output(g.matmul(a, b));
-      expect_close(compare_with_reference(g, *backend), kMatmul,
-                   "quantized matmul " + std::string(dtype_name(d)) + " " + std::to_string(k) +
-                       "x" + std::to_string(m) + "x" + std::to_string(n));
-    }
+    expect_quantized_products(*backend, d,
+                              {{256, 129, 1},
+                               {2048, 37, 8},
+                               {4096, 300, 1},
+                               {4096, 64, 3},
+                               {14336, 64, 1},
+                               {2048, 2000, 2},
+                               {4608, 40, 1},
+                               {512, 200, 9}});
   }
 }
 

@@ -165,6 +165,14 @@ __device__ __forceinline__ float block_words(const uint32_t (&w)[GroupFormat<kTy
   return f16_bits_to_f32(d);
 }
 
+// acc plus the products of four int8x4 words q[0..3] with the four of v, in order.
+__device__ __forceinline__ int dot_words(const uint32_t* q, const int4& v, int acc) {
+  acc = __dp4a(int(q[0]), v.x, acc);
+  acc = __dp4a(int(q[1]), v.y, acc);
+  acc = __dp4a(int(q[2]), v.z, acc);
+  return __dp4a(int(q[3]), v.w, acc);
+}
+
 // The integer dot product of a weight block's quants q with b's quants of that block: lo holds
 // b's elements 0-15, hi 16-31. Q4_0's -8 offset is left to the caller (s.y below).
 template <DType kType>
@@ -182,14 +190,7 @@ __device__ __forceinline__ int block_dot(const uint32_t (&q)[kType == DType::Q4_
     dot = __dp4a(int((q[2] >> 4) & 0x0F0F0F0Fu), hi.z, dot);
     dot = __dp4a(int((q[3] >> 4) & 0x0F0F0F0Fu), hi.w, dot);
   } else {
-    dot = __dp4a(int(q[0]), lo.x, 0);
-    dot = __dp4a(int(q[1]), lo.y, dot);
-    dot = __dp4a(int(q[2]), lo.z, dot);
-    dot = __dp4a(int(q[3]), lo.w, dot);
-    dot = __dp4a(int(q[4]), hi.x, dot);
-    dot = __dp4a(int(q[5]), hi.y, dot);
-    dot = __dp4a(int(q[6]), hi.z, dot);
-    dot = __dp4a(int(q[7]), hi.w, dot);
+    dot = dot_words(q + 4, hi, dot_words(q, lo, 0));
   }
   return dot;
 }
@@ -333,28 +334,14 @@ __device__ __forceinline__ void k_block_accumulate(const uint32_t (&q)[8], float
                                                    float m, const int4& lo, const int4& hi,
                                                    float2 s, float& acc) {
   if constexpr (kType == DType::Q6_K) {
-    int dlo = __dp4a(int(q[0]), lo.x, 0);
-    dlo = __dp4a(int(q[1]), lo.y, dlo);
-    dlo = __dp4a(int(q[2]), lo.z, dlo);
-    dlo = __dp4a(int(q[3]), lo.w, dlo);
-    int dhi = __dp4a(int(q[4]), hi.x, 0);
-    dhi = __dp4a(int(q[5]), hi.y, dhi);
-    dhi = __dp4a(int(q[6]), hi.z, dhi);
-    dhi = __dp4a(int(q[7]), hi.w, dhi);
+    int dlo = dot_words(q, lo, 0), dhi = dot_words(q + 4, hi, 0);
     // The quants are unsigned (q + 32): subtract 32 times b's sums of each 16-element half.
     const int sums = __float_as_int(s.y);
     dlo -= 32 * ((sums << 16) >> 16);
     dhi -= 32 * (sums >> 16);
     acc += s.x * (f_lo * float(dlo) + f_hi * float(dhi));
   } else {
-    int dot = __dp4a(int(q[0]), lo.x, 0);
-    dot = __dp4a(int(q[1]), lo.y, dot);
-    dot = __dp4a(int(q[2]), lo.z, dot);
-    dot = __dp4a(int(q[3]), lo.w, dot);
-    dot = __dp4a(int(q[4]), hi.x, dot);
-    dot = __dp4a(int(q[5]), hi.y, dot);
-    dot = __dp4a(int(q[6]), hi.z, dot);
-    dot = __dp4a(int(q[7]), hi.w, dot);
+    const int dot = dot_words(q + 4, hi, dot_words(q, lo, 0));
     acc += f_lo * (s.x * float(dot)) - m * s.y;
   }
 }
