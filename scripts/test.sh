@@ -3,7 +3,8 @@
 #   scripts/test.sh          the release build (CUDA compiled where nvcc is found), then the
 #                            installed package built from an outside project, and pytest
 #                            over the Python module
-#   scripts/test.sh --asan   the AddressSanitizer + UndefinedBehaviorSanitizer build (CPU only)
+#   scripts/test.sh --asan   the AddressSanitizer build, UndefinedBehaviorSanitizer in the
+#                            libraries (CPU only)
 #   scripts/test.sh --tsan   the thread-pool and scheduler tests under ThreadSanitizer (CPU only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
