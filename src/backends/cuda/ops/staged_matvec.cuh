@@ -265,6 +265,9 @@ __device__ __forceinline__ void k_half(const uint8_t* blk, int half, Apply&& app
       const uint4 h1 = *reinterpret_cast<const uint4*>(blk + offsetof(BlockQ5_K, qh) + 16);
       qh[0] = h0.x, qh[1] = h0.y, qh[2] = h0.z, qh[3] = h0.w;
       qh[4] = h1.x, qh[5] = h1.y, qh[6] = h1.z, qh[7] = h1.w;
+      // This half's sub-blocks' bits (4 * half to 4 * half + 3 of each byte) to bits 0-3.
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qh[i] >>= 4 * half;
     }
     const uint8_t* qs = blk + kQsOffset + 64 * half;
 #pragma unroll
@@ -280,7 +283,7 @@ __device__ __forceinline__ void k_half(const uint8_t* blk, int half, Apply&& app
         for (int i = 0; i < 8; ++i) {
           q[i] = (x[i] >> (4 * nib)) & 0x0F0F0F0Fu;
           if constexpr (kType == DType::Q5_K) {
-            q[i] |= ((qh[i] >> (4 * half + jj)) & 0x01010101u) << 4;
+            q[i] |= (qh[i] << (4 - jj)) & 0x10101010u;  // bit 4 * half + jj to bit 4
           }
         }
         const float f = d * float((sc4 >> (8 * jj)) & 0xFFu);
