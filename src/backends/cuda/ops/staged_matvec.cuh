@@ -23,7 +23,8 @@
 // where every write lands) before it waits for that kernel (griddepcontrol.wait) and reads b.
 // With one or two columns its registers, and for most shapes its shared memory, fit two CTAs on
 // an SM: the next matrix-vector kernel's CTA becomes resident and starts its fetches while this
-// one drains (kPairStages). Otherwise one CTA per SM runs a deeper ring (kSoloStages).
+// one drains (kPairStages). Otherwise one CTA per SM runs a deeper ring (kSoloStages), or for
+// Q5_K and Q6_K a ring of larger tiles (kWideStages).
 //
 // The kernel and its launch are templates here; staged_matvec.cu instantiates them for Q4_0 and
 // Q8_0, staged_matvec_k.cu for the K-quants (two units that compile side by side).
@@ -40,11 +41,13 @@ namespace tandem::cuda::staged {
 constexpr int kStagedThreads = 512;  // most threads of a CTA
 constexpr int kPairStages = 3;       // tiles in the ring of a CTA that shares its SM: two in flight
 constexpr int kSoloStages = 5;       // ... of a CTA alone on its SM: four in flight
+constexpr int kWideStages = 4;       // ... alone on its SM with the largest tiles (kWideTiles)
 constexpr int kGroupBlocks = 8;
 constexpr int kHalfBlocks = kGroupBlocks / 2;
 constexpr int kGroupElems = kGroupBlocks * kQBlock;  // 256
 constexpr int kMaxTileGroups = kStagedThreads / 2;   // most groups in a tile of several rows
 constexpr int kStageTargetBytes = 32 * 1024;         // largest tile
+constexpr int kWideTargetBytes = 64 * 1024;          // ... of a ring of kWideStages
 // b in shared memory, per group of 256: the int8 quants of each half at kBHalfBytes * h and
 // {d, 8 d sum(q)} per block of each half at kBScaleHalf * h. The pads put the two halves that
 // neighbouring lanes read in different banks.
@@ -61,7 +64,15 @@ constexpr int kStagedMinBlocks = kCols <= 2 && !is_k_quant(kType) ? 2 : 1;
 // Q4_0 kernel spilled once its prologue grew; with them the one-column Q4_0 and Q8_0 kernels alone
 // on their SM ran 0.2-0.8 us faster (aaa9c84, H100, 2026-11-21; bench/NOTES.md).
 template <DType kType, int kCols, int kStages>
-constexpr int kStagedLaunchBlocks = kStages == kSoloStages ? 1 : kStagedMinBlocks<kType, kCols>;
+constexpr int kStagedLaunchBlocks = kStages != kPairStages ? 1 : kStagedMinBlocks<kType, kCols>;
+// The one-column kernels that decode the most per byte, Q5_K and Q6_K, run a ring of four tiles as
+// large as shared memory holds (up to 16 rows of 4096 or 4 of 14336: 448-512 threads) instead of
+// five of up to 32 KB (as few as 224 threads): more threads share the decoding and each pays the
+// per-tile work for more bytes. % of copy, 4096x14336 / 14336x4096 (H100, bench/NOTES.md):
+// Q6_K 79.3 / 68.8 -> 88.2 / 73.0, Q5_K 86.8 / 77.2 -> 89.1 / 82.0; Q4_K 78.5 / 76.6 -> 85.9 /
+// 74.5 keeps the five.
+template <DType kType, int kCols>
+constexpr bool kWideTiles = kCols == 1 && (kType == DType::Q5_K || kType == DType::Q6_K);
 // Tiles fetched before the wait for the preceding kernel (kEarly); the rest follow b's first
 // loads. b's loads queue behind the copies in flight: the one-column Q4_0 kernel alone on its SM
 // (rows of 14336) measured fastest sending two of its four first (1, 3 or all four, or a sixth
@@ -73,7 +84,7 @@ constexpr int kStagedLaunchBlocks = kStages == kSoloStages ? 1 : kStagedMinBlock
 // (4096x4096, 2 tiles: 7.25 us, 7.37 with one; q/k/v, 3 tiles: no change; H100).
 template <DType kType, int kCols, int kStages, bool kLongRows>
 constexpr int kPreIssue = kType == DType::Q8_0 || kCols != 1 ? kStages - 1
-                          : kStages == kSoloStages           ? 2
+                          : kStages != kPairStages           ? 2
                           : kLongRows                        ? 1
                                                              : kStages - 1;
 constexpr int kLongTiles = 4;
@@ -120,7 +131,7 @@ constexpr int kMaxRedTiles = 16;
 // tile fits.
 template <DType kType>
 StagedLayout staged_layout(int64_t K, int cols, size_t budget, int ring, int64_t cta_rows,
-                           int parts) {
+                           int parts, int target = kStageTargetBytes) {
   StagedLayout l{};
   l.gpr = int(K / kGroupElems);
   const int row_bytes = l.gpr * GroupFormat<kType>::kBytes;
@@ -129,7 +140,7 @@ StagedLayout staged_layout(int64_t K, int cols, size_t budget, int ring, int64_t
   // Two sets of one tile's partials (one float per column and group slot) and their TileOuts.
   const size_t red_min = 2 * (size_t(cols) * kMaxTileGroups * sizeof(float) + sizeof(TileOut));
   const size_t room = budget > l.stages + red_min ? (budget - l.stages - red_min) / ring : 0;
-  const int stage_cap = int(std::min<size_t>(kStageTargetBytes, room));
+  const int stage_cap = int(std::min<size_t>(target, room));
   l.rows = std::max(1, std::min(kMaxTileGroups / l.gpr, stage_cap / row_bytes));
   l.threads = std::min(kStagedThreads, (2 * l.rows * l.gpr + 31) / 32 * 32);
   l.stage_bytes = l.rows * row_bytes;
@@ -292,24 +303,30 @@ __device__ __forceinline__ void k_half(const uint8_t* blk, int half, Apply&& app
     }
   } else {
     static_assert(kType == DType::Q6_K, "K-quant type");
-    const auto base = reinterpret_cast<uintptr_t>(blk);
-    const auto* w = reinterpret_cast<const uint32_t*>(base & ~uintptr_t(3));
-    const uint32_t sh = uint32_t(base & 3) * 8;  // 0 or 16
-    // Word i of the bytes from byte offset `off` of the super-block.
-    auto word = [&](int off, int i) {
-      return __funnelshift_r(w[off / 4 + i], w[off / 4 + i + 1], sh);
-    };
-    uint32_t qh[8];
+    // The aligned words around the super-block, addressed from blk itself (an address rebuilt
+    // from an integer is read as generic memory, not shared).
+    const int skew = int(reinterpret_cast<uintptr_t>(blk) & 3);  // 0 or 2
+    const auto* w = reinterpret_cast<const uint32_t*>(blk - skew);
+    const uint32_t sh = uint32_t(skew) * 8;
+    // kN words of the bytes from byte offset `off` (a multiple of 4) of the super-block: kN + 1
+    // aligned loads, each word shifted into place.
+    auto words = [&]<int kN>(int off, uint32_t(&out)[kN]) {
+      uint32_t a[kN + 1];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) qh[i] = word(offsetof(BlockQ6_K, qh) + 32 * half, i);
-    const uint32_t sc_lo = word(offsetof(BlockQ6_K, scales) + 8 * half, 0);
-    const uint32_t sc_hi = word(offsetof(BlockQ6_K, scales) + 8 * half, 1);
-    const float d = f16_bits_to_f32(uint16_t(word(offsetof(BlockQ6_K, d), 0) & 0xFFFFu));
+      for (int i = 0; i <= kN; ++i) a[i] = w[off / 4 + i];
+#pragma unroll
+      for (int i = 0; i < kN; ++i) out[i] = __funnelshift_r(a[i], a[i + 1], sh);
+    };
+    uint32_t qh[8], sc[2], dw[1], ql[16];
+    words(offsetof(BlockQ6_K, qh) + 32 * half, qh);
+    words(offsetof(BlockQ6_K, scales) + 8 * half, sc);
+    words(offsetof(BlockQ6_K, d), dw);
+    words(64 * half, ql);
+    const uint32_t sc_lo = sc[0], sc_hi = sc[1];
+    const float d = f16_bits_to_f32(uint16_t(dw[0] & 0xFFFFu));
 #pragma unroll
     for (int part = 0; part < 2; ++part) {  // ql bytes 32 * part: blocks part and part + 2
-      uint32_t x[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = word(64 * half + 32 * part, i);
+      const uint32_t* x = ql + 8 * part;
 #pragma unroll
       for (int nib = 0; nib < 2; ++nib) {
         const int k = part + 2 * nib;
@@ -736,7 +753,10 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
       staged_layout<kType>(K, kCols, ctx.smem_pair, kPairStages, cta_rows, parts.count);
   if (!pair || l.total > ctx.smem_pair || l.threads < 384) {
     pair = false;
-    l = staged_layout<kType>(K, kCols, ctx.smem_optin, kSoloStages, cta_rows, parts.count);
+    l = kWideTiles<kType, kCols>
+            ? staged_layout<kType>(K, kCols, ctx.smem_optin, kWideStages, cta_rows, parts.count,
+                                   kWideTargetBytes)
+            : staged_layout<kType>(K, kCols, ctx.smem_optin, kSoloStages, cta_rows, parts.count);
   }
   if (l.total > ctx.smem_optin) return false;
   auto launch = [&](auto kernel) {
@@ -760,7 +780,7 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
           : launch(staged_matvec_kernel<kType, kCols, kStages, false, kEarly>);
   };
   using Pair = std::integral_constant<int, kPairStages>;
-  using Solo = std::integral_constant<int, kSoloStages>;
+  using Solo = std::integral_constant<int, kWideTiles<kType, kCols> ? kWideStages : kSoloStages>;
   [[maybe_unused]] const bool long_rows = M > int64_t(kLongTiles) * l.rows * ctas;  // per CTA
   if constexpr (kMayPair) {
     if (pair) {
