@@ -1,11 +1,15 @@
 // Calibration's decode layer: timed in place, a one-token op of a few microseconds sees what it
 // sees in a graph (inputs written by other threads, code and pages cold after a product, small
-// weights still in a large L3), which timed alone it misses either way by up to 3x.
+// weights still in a large L3, its output written over memory an earlier op just used), which
+// timed alone it misses either way by up to 3x.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <tuple>
 
+#include "arena.h"
 #include "calibration_measure.h"
+#include "tandem/bytes.h"
 #include "tandem/error.h"
 
 namespace tandem::detail {
@@ -50,6 +54,13 @@ std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const D
 
   const Clock::time_point setup = Clock::now();
   std::map<TensorId, Buffer> buffers;
+  // The ops' outputs share one arena laid out as the executor lays out a run's (assign_offsets):
+  // an op writes memory that an op a few nodes earlier used, which the caches still hold, not a
+  // buffer of its own last written a pass (a layer's weights and a flush) ago.
+  std::vector<Slot> slots;
+  std::map<TensorId, size_t> slot_of;
+  const std::vector<int> last = last_readers(g);
+  Buffer arena;
   // Flushed before every pass: in a model the other layers' weights stream through the caches
   // between two uses of this layer's, so its products' weights and its KV caches come from
   // memory (a step writes a row of the cache not touched since, and attention reads the rows
@@ -62,20 +73,39 @@ std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const D
       if (is_compute(n.op)) {
         // A backend that cannot run the layer keeps the isolated measurements alone.
         if (!b.can_execute(g, n)) return {};
-        buffers[n.id] = b.allocate(std::max<size_t>(t.bytes(), 1));
+        slot_of[n.id] = slots.size();
+        slots.push_back({0, t.bytes(), int(n.id), std::max(int(n.id), last[size_t(n.id)]), 0});
         continue;
       }
       buffers[n.id] = buffer_with_data(b, t, kFirstPosition + 1, 0, rng);
       if ((n.op == OpKind::Weight && dtype_traits(t.dtype).is_quantized) || n.op == OpKind::KvCache)
         flushed.push_back(n.id);
     }
+    size_t arena_bytes = assign_offsets(slots, 1)[0];
+    // x, written by the last add and read by the next pass's first ops, is one slot live across
+    // the pass boundary, as a layer's output is in a model (there it reuses the memory of the
+    // feed-forward block's products).
+    const std::pair<int, int> x_live[] = {{0, last[size_t(x)]}, {int(out), int(out)}};
+    const size_t x_bytes = g.tensor(x).bytes();
+    Slot x_slot{0, x_bytes, 0, int(out), first_fit(slots, 0, x_bytes, x_live)};
+    arena_bytes = std::max(arena_bytes, x_slot.offset + align_up(x_bytes, kSlotAlignment));
+    arena = b.allocate(std::max<size_t>(arena_bytes, 1));
+    b.copy_within(static_cast<uint8_t*>(arena.data()) + x_slot.offset, buffers.at(x).data(),
+                  x_bytes);
+    buffers.erase(x);
+    slot_of[x] = slots.size();
+    slots.push_back(x_slot);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::OutOfMemory) throw;
     return {};
   }
   auto data_of = [&](TensorId id) {
     const TensorDesc& t = g.tensor(id);
-    auto* base = static_cast<uint8_t*>(buffers.at(id == out ? x : g.storage_of(id)).data());
+    const TensorId storage = id == out ? x : g.storage_of(id);
+    const auto slot = slot_of.find(storage);
+    auto* base = slot == slot_of.end()
+                     ? static_cast<uint8_t*>(buffers.at(storage).data())
+                     : static_cast<uint8_t*>(arena.data()) + slots[slot->second].offset;
     return static_cast<void*>(base + (t.is_view() ? t.view_offset : 0));
   };
   std::vector<NodeExecution> execs;

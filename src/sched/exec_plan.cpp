@@ -17,43 +17,9 @@ namespace tandem {
 
 namespace {
 
-constexpr size_t kSlotAlignment = 256;
-
 // Unique across executors sharing a backend: a segment signature must never name two pointer
 // sets, or a backend replaying captured work would use stale pointers.
 std::atomic<uint64_t> g_plan_serial{1};
-
-// First-fit offsets per group, largest slots first, against slots whose lifetimes overlap.
-std::vector<size_t> assign_offsets(std::vector<Slot>& slots, int n_groups) {
-  std::vector<size_t> arena(size_t(n_groups), 0);
-  std::vector<size_t> order(slots.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return slots[a].bytes > slots[b].bytes; });
-  std::vector<size_t> placed;
-  std::vector<std::pair<size_t, size_t>> busy;
-  for (size_t idx : order) {
-    Slot& s = slots[idx];
-    busy.clear();
-    for (size_t p : placed) {
-      const Slot& o = slots[p];
-      if (o.group == s.group && o.start <= s.end && s.start <= o.end) {
-        busy.emplace_back(o.offset, o.offset + align_up(o.bytes, kSlotAlignment));
-      }
-    }
-    std::sort(busy.begin(), busy.end());
-    size_t offset = 0;
-    for (const auto& [lo, hi] : busy) {
-      if (offset + align_up(s.bytes, kSlotAlignment) <= lo) break;
-      offset = std::max(offset, hi);
-    }
-    s.offset = offset;
-    arena[size_t(s.group)] =
-        std::max(arena[size_t(s.group)], offset + align_up(s.bytes, kSlotAlignment));
-    placed.push_back(idx);
-  }
-  return arena;
-}
 
 // Puts each streamed copy into the step list as early as its device's staging memory allows:
 // copies issued but not yet read hold at most `staging[b]` bytes (at least kStreamAheadWeights
@@ -129,6 +95,56 @@ void schedule_streamed_copies(ExecPlan& plan, const std::vector<size_t>& staging
 }
 
 }  // namespace
+
+std::vector<int> last_readers(const Graph& graph) {
+  std::vector<int> last(graph.size(), -1);
+  for (size_t i = 0; i < graph.size(); ++i) {
+    for (TensorId in : graph.nodes()[i].inputs) {
+      const TensorId s = graph.storage_of(in);
+      last[size_t(s)] = std::max(last[size_t(s)], int(i));
+    }
+  }
+  for (TensorId o : graph.outputs()) last[size_t(graph.storage_of(o))] = INT_MAX;
+  return last;
+}
+
+size_t first_fit(std::span<const Slot> placed, int group, size_t bytes,
+                 std::span<const std::pair<int, int>> spans) {
+  std::vector<std::pair<size_t, size_t>> busy;
+  for (const Slot& o : placed) {
+    const bool live = std::any_of(spans.begin(), spans.end(), [&](const auto& span) {
+      return o.start <= span.second && span.first <= o.end;
+    });
+    if (o.group == group && live) {
+      busy.emplace_back(o.offset, o.offset + align_up(o.bytes, kSlotAlignment));
+    }
+  }
+  std::sort(busy.begin(), busy.end());
+  size_t offset = 0;
+  for (const auto& [lo, hi] : busy) {
+    if (offset + align_up(bytes, kSlotAlignment) <= lo) break;
+    offset = std::max(offset, hi);
+  }
+  return offset;
+}
+
+std::vector<size_t> assign_offsets(std::vector<Slot>& slots, int n_groups) {
+  std::vector<size_t> arena(size_t(n_groups), 0);
+  std::vector<size_t> order(slots.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return slots[a].bytes > slots[b].bytes; });
+  std::vector<Slot> placed;
+  for (size_t idx : order) {
+    Slot& s = slots[idx];
+    const std::pair<int, int> life{s.start, s.end};
+    s.offset = first_fit(placed, s.group, s.bytes, {&life, 1});
+    arena[size_t(s.group)] =
+        std::max(arena[size_t(s.group)], s.offset + align_up(s.bytes, kSlotAlignment));
+    placed.push_back(s);
+  }
+  return arena;
+}
 
 WeightEntry& HybridExecutor::Impl::bound_weight(const std::string& name, const TensorDesc& desc) {
   auto it = weights.find(name);
@@ -259,14 +275,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
   const size_t n = graph.size();
   const size_t G = size_t(n_groups);
 
-  std::vector<int> last(n, -1);
-  for (size_t i = 0; i < n; ++i) {
-    for (TensorId in : graph.nodes()[i].inputs) {
-      TensorId s = graph.storage_of(in);
-      last[size_t(s)] = std::max(last[size_t(s)], int(i));
-    }
-  }
-  for (TensorId o : graph.outputs()) last[size_t(graph.storage_of(o))] = INT_MAX;
+  std::vector<int> last = last_readers(graph);
 
   for (const Node& node : graph.nodes()) {
     if (!is_compute(node.op)) continue;

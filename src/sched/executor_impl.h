@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "arena.h"
 #include "tandem/cost_model.h"
 #include "tandem/error.h"
 #include "tandem/executor.h"
@@ -36,14 +37,6 @@ struct CacheEntry {
 struct PtrRef {
   int slot = -1;
   void* fixed = nullptr;
-  size_t offset = 0;
-};
-
-struct Slot {
-  int group = 0;
-  size_t bytes = 0;
-  int start = 0;  // first node index (inclusive) during which the slot is live
-  int end = 0;    // last node index (inclusive)
   size_t offset = 0;
 };
 

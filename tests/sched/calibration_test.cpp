@@ -547,6 +547,99 @@ TEST(Calibration, DecodeLayerRunsItsPassesAndTimesAttentionOverItsWholeCache) {
   }
 }
 
+// A host backend on reference kernels that records every execution's op and memory.
+class RecordingBackend : public test::TestBackend {
+ public:
+  struct Run {
+    OpKind op;
+    TensorId storage;  // where the graph keeps the output (a KV cache for kv_write)
+    const uint8_t* out;
+    size_t out_bytes;
+    std::vector<TensorId> input_storage;
+    std::vector<const uint8_t*> inputs;
+    std::vector<size_t> input_bytes;
+  };
+  explicit RecordingBackend(std::vector<OpCapability> caps)
+      : TestBackend(config(std::move(caps))) {}
+  void execute(const Graph& graph, const NodeExecution& exec) override {
+    Run r{exec.node->op,
+          graph.storage_of(exec.node->id),
+          static_cast<const uint8_t*>(exec.output.data),
+          exec.output.desc->bytes(),
+          {},
+          {},
+          {}};
+    for (size_t k = 0; k < exec.inputs.size(); ++k) {
+      r.input_storage.push_back(graph.storage_of(exec.node->inputs[k]));
+      r.inputs.push_back(static_cast<const uint8_t*>(exec.inputs[k].data));
+      r.input_bytes.push_back(exec.inputs[k].desc->bytes());
+    }
+    runs.push_back(std::move(r));
+    TestBackend::execute(graph, exec);
+  }
+  std::vector<Run> runs;
+
+ private:
+  static Config config(std::vector<OpCapability> caps) {
+    Config c;
+    c.id = "cpu";
+    c.capabilities = std::move(caps);
+    return c;
+  }
+};
+
+bool overlaps(const uint8_t* a, size_t a_bytes, const uint8_t* b, size_t b_bytes) {
+  return a < b + b_bytes && b < a + a_bytes;
+}
+
+TEST(Calibration, DecodeLayerOpsWriteMemoryEarlierOpsUsedAsTheExecutorLaysItOut) {
+  // In a run the executor's arena puts an op's output where an op a few nodes earlier wrote (Q's
+  // RoPE over the norm's output, a layer's output over its feed-forward block's): memory the
+  // caches hold. The decode layer lays its ops out the same way, never over a value a later op
+  // still reads. (With a buffer per op, last written a pass earlier, its one-token RoPE, add and
+  // SwiGLU timed slower than in a run: bench/NOTES.md, 2026-11-27.)
+  RecordingBackend b(ReferenceBackend::reference_capabilities());
+  SplitMix64 rng(7);
+  detail::CalibrationSpent spent;
+  const auto samples = detail::measure_decode_layer(
+      b, {64, 4, 2, 16, 128}, {1, 1, 0.0}, [] {}, rng, spent);
+  ASSERT_FALSE(samples.empty());
+  constexpr size_t kLayerOps = 17;
+  ASSERT_EQ(b.runs.size(), 2 * kLayerOps);  // the warm-up pass and one timed pass
+  const std::span<const RecordingBackend::Run> pass(b.runs.data() + kLayerOps, kLayerOps);
+  auto over_earlier = [&](size_t j) {
+    for (size_t i = 0; i < j; ++i) {
+      if (overlaps(pass[j].out, pass[j].out_bytes, pass[i].out, pass[i].out_bytes)) return true;
+    }
+    return false;
+  };
+  // The layer's ops in graph order: norm, Q, K, V, RoPE of Q, ..., SwiGLU, down, the last add.
+  ASSERT_EQ(pass[0].op, OpKind::RmsNorm);
+  ASSERT_EQ(pass[4].op, OpKind::Rope);
+  ASSERT_EQ(pass[kLayerOps - 1].op, OpKind::Add);
+  EXPECT_TRUE(overlaps(pass[4].out, pass[4].out_bytes, pass[0].out, pass[0].out_bytes));
+  EXPECT_TRUE(over_earlier(kLayerOps - 1));
+  size_t reused = 0;
+  for (size_t j = 1; j < pass.size(); ++j) {
+    reused += over_earlier(j) ? 1 : 0;
+    // What op j reads, written by an earlier op of the pass or before the pass, no op since
+    // wrote over.
+    for (size_t k = 0; k < pass[j].inputs.size(); ++k) {
+      const uint8_t* in = pass[j].inputs[k];
+      size_t since = 0;
+      for (size_t i = j; i-- > 0 && since == 0;) {
+        if (pass[i].storage == pass[j].input_storage[k]) since = i + 1;
+      }
+      for (size_t i = since; i < j; ++i) {
+        EXPECT_FALSE(overlaps(in, pass[j].input_bytes[k], pass[i].out, pass[i].out_bytes))
+            << "op " << i << " (" << op_name(pass[i].op) << ") wrote over input " << k << " of op "
+            << j << " (" << op_name(pass[j].op) << ")";
+      }
+    }
+  }
+  EXPECT_GE(reused, kLayerOps / 2);
+}
+
 TEST(Calibration, DeviceLinkIsFittedEachWayAndOnlyDeclaredOpsAreTimed) {
   // A host-memory stand-in for a GPU that runs only Add: quick to calibrate, and its copies go
   // through the backend API as a device's do.
