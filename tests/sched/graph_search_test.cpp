@@ -302,5 +302,68 @@ TEST(GraphSearch, ABudgetForOneLayerKeepsAWholeLayerResidentAndStreamsTheRest) {
   EXPECT_EQ(rp.reserve_bytes[1], 3 * weight + transient);
 }
 
+TEST(GraphSearch, SeveralDevicesTakeLayersFastestFirstWithinTheirBudgets) {
+  // Two devices of calibrated speeds 10x apart: gpu0 (listed first) has room for three of the
+  // four layers, gpu1 (ten times its bandwidth) for two. A sequence runs the layers one after
+  // another, so by hand: gpu1 takes two layers and gpu0 the other two (decode 2 x 16 + 2 x 1.6
+  // us of weight reads), not gpu0 three and gpu1 one (3 x 16 + 1.6), the backends' order. The
+  // link is slow enough that streaming a weight (16 KiB at 0.1 GB/s: 164 us) never pays.
+  std::mt19937 rng(test::test_seed());
+  Layered model(rng);
+  Graph prefill = model.build(8), decode = model.build(1);
+  const size_t layer = size_t(2 * Layered::kDim * Layered::kDim * 4);
+  CostModel costs;
+  costs.set_profile("cpu", profile(100.0, 0.5, 0.01, {}));
+  costs.set_profile("gpu0", profile(1e4, 2.0, 0.01, {0.1, 1.0}));
+  costs.set_profile("gpu1", profile(1e4, 20.0, 0.01, {0.1, 1.0}));
+  auto sched = HybridScheduler::builder()
+                   .with_backend(make_cpu())
+                   .with_backend(make_gpu("gpu0"))
+                   .with_backend(make_gpu("gpu1"))
+                   .strategy(Strategy::automatic())
+                   .cost_model(costs)
+                   .memory_budget("gpu0", 3 * layer + layer / 2)
+                   .memory_budget("gpu1", 2 * layer + layer / 2)
+                   .build();
+  const Graph* phases[] = {&prefill, &decode};
+  const ResidencyPlan& rp = sched.plan_residency(phases);
+  ASSERT_NE(rp.best(), nullptr);
+  std::map<std::string, int> layers_on;
+  for (int l = 0; l < Layered::kLayers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    auto a = rp.home.find(p + "a"), b = rp.home.find(p + "b");
+    ASSERT_TRUE(a != rp.home.end() && b != rp.home.end()) << "layer " << l << ": " << rp.why;
+    EXPECT_EQ(a->second, b->second) << "layer " << l << " split: " << rp.why;
+    ++layers_on[a->second];
+  }
+  EXPECT_EQ(layers_on["gpu1"], 2) << rp.why;
+  EXPECT_EQ(layers_on["gpu0"], 2) << rp.why;
+  EXPECT_NE(rp.best()->name.find("fastest device first"), std::string::npos) << rp.why;
+  // The backends' order was weighed and lost.
+  const ResidencyPlan::Candidate* listed = nullptr;
+  for (const auto& c : rp.candidates) {
+    if (c.name.find("fastest") == std::string::npos && c.name.rfind("layers 0-3", 0) == 0)
+      listed = &c;
+  }
+  ASSERT_NE(listed, nullptr) << rp.why;
+  EXPECT_GT(listed->score, rp.best()->score);
+  // Devices of one speed keep the backends' order alone (no candidate twice).
+  CostModel same;
+  same.set_profile("cpu", profile(100.0, 0.5, 0.01, {}));
+  same.set_profile("gpu", profile(1e4, 20.0, 0.01, {0.1, 1.0}));
+  auto even = HybridScheduler::builder()
+                  .with_backend(make_cpu())
+                  .with_backend(make_gpu("gpu0"))
+                  .with_backend(make_gpu("gpu1"))
+                  .strategy(Strategy::automatic())
+                  .cost_model(same)
+                  .memory_budget("gpu0", 3 * layer + layer / 2)
+                  .memory_budget("gpu1", 2 * layer + layer / 2)
+                  .build();
+  for (const auto& c : even.plan_residency(phases).candidates) {
+    EXPECT_EQ(c.name.find("fastest"), std::string::npos) << c.name;
+  }
+}
+
 }  // namespace
 }  // namespace tandem
