@@ -312,19 +312,23 @@ TEST(GraphSearch, SeveralDevicesTakeLayersFastestFirstWithinTheirBudgets) {
   Layered model(rng);
   Graph prefill = model.build(8), decode = model.build(1);
   const size_t layer = size_t(2 * Layered::kDim * Layered::kDim * 4);
-  CostModel costs;
-  costs.set_profile("cpu", profile(100.0, 0.5, 0.01, {}));
-  costs.set_profile("gpu0", profile(1e4, 2.0, 0.01, {0.1, 1.0}));
-  costs.set_profile("gpu1", profile(1e4, 20.0, 0.01, {0.1, 1.0}));
-  auto sched = HybridScheduler::builder()
-                   .with_backend(make_cpu())
-                   .with_backend(make_gpu("gpu0"))
-                   .with_backend(make_gpu("gpu1"))
-                   .strategy(Strategy::automatic())
-                   .cost_model(costs)
-                   .memory_budget("gpu0", 3 * layer + layer / 2)
-                   .memory_budget("gpu1", 2 * layer + layer / 2)
-                   .build();
+  // The CPU and the two GPUs at these bandwidths (GB/s); room for three and two layers.
+  auto two_gpus = [&](double gpu0_gbs, double gpu1_gbs) {
+    CostModel costs;
+    costs.set_profile("cpu", profile(100.0, 0.5, 0.01, {}));
+    costs.set_profile("gpu0", profile(1e4, gpu0_gbs, 0.01, {0.1, 1.0}));
+    costs.set_profile("gpu1", profile(1e4, gpu1_gbs, 0.01, {0.1, 1.0}));
+    return HybridScheduler::builder()
+        .with_backend(make_cpu())
+        .with_backend(make_gpu("gpu0"))
+        .with_backend(make_gpu("gpu1"))
+        .strategy(Strategy::automatic())
+        .cost_model(costs)
+        .memory_budget("gpu0", 3 * layer + layer / 2)
+        .memory_budget("gpu1", 2 * layer + layer / 2)
+        .build();
+  };
+  auto sched = two_gpus(2.0, 20.0);
   const Graph* phases[] = {&prefill, &decode};
   const ResidencyPlan& rp = sched.plan_residency(phases);
   ASSERT_NE(rp.best(), nullptr);
@@ -348,18 +352,7 @@ TEST(GraphSearch, SeveralDevicesTakeLayersFastestFirstWithinTheirBudgets) {
   ASSERT_NE(listed, nullptr) << rp.why;
   EXPECT_GT(listed->score, rp.best()->score);
   // Devices of one speed keep the backends' order alone (no candidate twice).
-  CostModel same;
-  same.set_profile("cpu", profile(100.0, 0.5, 0.01, {}));
-  same.set_profile("gpu", profile(1e4, 20.0, 0.01, {0.1, 1.0}));
-  auto even = HybridScheduler::builder()
-                  .with_backend(make_cpu())
-                  .with_backend(make_gpu("gpu0"))
-                  .with_backend(make_gpu("gpu1"))
-                  .strategy(Strategy::automatic())
-                  .cost_model(same)
-                  .memory_budget("gpu0", 3 * layer + layer / 2)
-                  .memory_budget("gpu1", 2 * layer + layer / 2)
-                  .build();
+  auto even = two_gpus(20.0, 20.0);
   for (const auto& c : even.plan_residency(phases).candidates) {
     EXPECT_EQ(c.name.find("fastest"), std::string::npos) << c.name;
   }
