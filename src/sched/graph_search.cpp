@@ -564,83 +564,90 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
     });
     if (by_speed != devices) fill_orders.push_back(std::move(by_speed));
   }
+  // One candidate of whole layer ranges: the devices filled in the order `filled` (fastest first
+  // or the backends'), each layer with or without its experts, the KV caches with their layers
+  // or all first, the layers from the first up or the last down, the output before or after.
+  auto layer_candidate = [&](const std::vector<int>& filled, bool fastest_first, bool experts_apart,
+                             bool kv_first, bool descending, bool out_first) {
+    Option o{"", pinned, std::vector<size_t>(nb, 0)};
+    std::vector<size_t> cap(nb, 0);
+    for (int d : devices) cap[size_t(d)] = capacity(d, reserve);
+    size_t dev = 0;
+    std::vector<int> placed;
+    bool kv_placed = false, out_placed = false;
+    auto place_any = [&](const std::vector<const Unit*>& parts) {
+      size_t bytes = 0;
+      for (const Unit* p : parts) bytes += p->bytes;
+      for (int d : filled) {
+        if (bytes > cap[size_t(d)]) continue;
+        for (const Unit* p : parts) {
+          for (const auto& name : p->names) o.homes[name] = d;
+        }
+        cap[size_t(d)] -= bytes;
+        o.bytes[size_t(d)] += bytes;
+        return true;
+      }
+      return false;
+    };
+    if (kv_first) {
+      std::vector<const Unit*> caches;
+      for (const auto& [l, unit] : u.layer_caches) caches.push_back(&unit);
+      kv_placed = place_any(caches);
+    }
+    if (out_first) out_placed = place_any({&u.output});
+    std::vector<int> order = layer_ids;
+    if (descending) std::reverse(order.begin(), order.end());
+    for (int l : order) {
+      std::vector<const Unit*> parts;
+      if (auto it = u.layer_weights.find(l); it != u.layer_weights.end())
+        parts.push_back(&it->second);
+      if (auto it = u.layer_experts.find(l); !experts_apart && it != u.layer_experts.end())
+        parts.push_back(&it->second);
+      if (!kv_first) {
+        if (auto it = u.layer_caches.find(l); it != u.layer_caches.end())
+          parts.push_back(&it->second);
+      }
+      size_t bytes = 0;
+      for (const Unit* p : parts) bytes += p->bytes;
+      // Contiguous ranges: fill one device, then the next; stop at the first layer that
+      // fits none.
+      while (dev < filled.size() && bytes > cap[size_t(filled[dev])]) ++dev;
+      if (dev == filled.size()) break;
+      const int d = filled[dev];
+      for (const Unit* p : parts) {
+        for (const auto& name : p->names) o.homes[name] = d;
+      }
+      cap[size_t(d)] -= bytes;
+      o.bytes[size_t(d)] += bytes;
+      placed.push_back(l);
+    }
+    if (!out_first) out_placed = place_any({&u.output});
+    std::vector<int> experts_placed;
+    if (experts_apart) {
+      for (int l : order) {
+        auto it = u.layer_experts.find(l);
+        if (it == u.layer_experts.end()) continue;
+        if (std::find(placed.begin(), placed.end(), l) == placed.end()) continue;
+        if (place_any({&it->second})) experts_placed.push_back(l);
+      }
+      std::sort(experts_placed.begin(), experts_placed.end());
+    }
+    std::sort(placed.begin(), placed.end());
+    o.name = range_label(placed) + (experts_apart ? " without experts" : "") +
+             (out_placed ? ", output" : "") +
+             (kv_first ? (kv_placed ? ", all KV" : ", KV on host") : ", KV with layers");
+    if (experts_apart && !experts_placed.empty())
+      o.name += ", experts of " + range_label(experts_placed);
+    if (fastest_first) o.name += ", fastest device first";
+    add_option(std::move(o));
+  };
   for (size_t fill = 0; fill < fill_orders.size(); ++fill) {
-    const std::vector<int>& filled = fill_orders[fill];
     for (int experts_apart = 0; experts_apart < expert_variants; ++experts_apart) {
       for (int kv_first = 0; kv_first < (devices.size() == 1 ? 2 : 1); ++kv_first) {
         for (int descending = 0; descending < (devices.empty() ? 0 : 2); ++descending) {
           for (int out_first = 0; out_first < 2; ++out_first) {
-            Option o{"", pinned, std::vector<size_t>(nb, 0)};
-            std::vector<size_t> cap(nb, 0);
-            for (int d : devices) cap[size_t(d)] = capacity(d, reserve);
-            size_t dev = 0;
-            std::vector<int> placed;
-            bool kv_placed = false, out_placed = false;
-            auto place_any = [&](const std::vector<const Unit*>& parts) {
-              size_t bytes = 0;
-              for (const Unit* p : parts) bytes += p->bytes;
-              for (int d : filled) {
-                if (bytes > cap[size_t(d)]) continue;
-                for (const Unit* p : parts) {
-                  for (const auto& name : p->names) o.homes[name] = d;
-                }
-                cap[size_t(d)] -= bytes;
-                o.bytes[size_t(d)] += bytes;
-                return true;
-              }
-              return false;
-            };
-            if (kv_first) {
-              std::vector<const Unit*> caches;
-              for (const auto& [l, unit] : u.layer_caches) caches.push_back(&unit);
-              kv_placed = place_any(caches);
-            }
-            if (out_first) out_placed = place_any({&u.output});
-            std::vector<int> order = layer_ids;
-            if (descending) std::reverse(order.begin(), order.end());
-            for (int l : order) {
-              std::vector<const Unit*> parts;
-              if (auto it = u.layer_weights.find(l); it != u.layer_weights.end())
-                parts.push_back(&it->second);
-              if (auto it = u.layer_experts.find(l); !experts_apart && it != u.layer_experts.end())
-                parts.push_back(&it->second);
-              if (!kv_first) {
-                if (auto it = u.layer_caches.find(l); it != u.layer_caches.end())
-                  parts.push_back(&it->second);
-              }
-              size_t bytes = 0;
-              for (const Unit* p : parts) bytes += p->bytes;
-              // Contiguous ranges: fill one device, then the next; stop at the first layer that
-              // fits none.
-              while (dev < filled.size() && bytes > cap[size_t(filled[dev])]) ++dev;
-              if (dev == filled.size()) break;
-              const int d = filled[dev];
-              for (const Unit* p : parts) {
-                for (const auto& name : p->names) o.homes[name] = d;
-              }
-              cap[size_t(d)] -= bytes;
-              o.bytes[size_t(d)] += bytes;
-              placed.push_back(l);
-            }
-            if (!out_first) out_placed = place_any({&u.output});
-            std::vector<int> experts_placed;
-            if (experts_apart) {
-              for (int l : order) {
-                auto it = u.layer_experts.find(l);
-                if (it == u.layer_experts.end()) continue;
-                if (std::find(placed.begin(), placed.end(), l) == placed.end()) continue;
-                if (place_any({&it->second})) experts_placed.push_back(l);
-              }
-              std::sort(experts_placed.begin(), experts_placed.end());
-            }
-            std::sort(placed.begin(), placed.end());
-            o.name = range_label(placed) + (experts_apart ? " without experts" : "") +
-                     (out_placed ? ", output" : "") +
-                     (kv_first ? (kv_placed ? ", all KV" : ", KV on host") : ", KV with layers");
-            if (experts_apart && !experts_placed.empty())
-              o.name += ", experts of " + range_label(experts_placed);
-            if (fill > 0) o.name += ", fastest device first";
-            add_option(std::move(o));
+            layer_candidate(fill_orders[fill], fill > 0, experts_apart, kv_first, descending,
+                            out_first);
           }
         }
       }
