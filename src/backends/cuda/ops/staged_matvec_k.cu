@@ -1,6 +1,6 @@
 // The staged matrix-vector kernel for Q4_K, Q5_K and Q6_K weights (staged_matvec.cuh): a
 // super-block is the kernel's group of 256 elements, and each thread reads half of it from the
-// shared-memory tile (k_half).
+// shared-memory tile (k_half, staged_kquant.cuh).
 #include "staged_matvec.cuh"
 
 namespace tandem::cuda {
