@@ -229,8 +229,10 @@ void Server::Impl::routes() {
           send_error(res, 500, "unknown error");
         }
       });
-  http.set_logger(
-      [this](const httplib::Request& req, const httplib::Response& res) { count(req, res); });
+  // Counted before the response is written (the logger runs after it: a client that read its
+  // answer could read /metrics before its request was counted).
+  http.set_post_routing_handler(
+      [this](const httplib::Request& req, httplib::Response& res) { count(req, res); });
 }
 
 Job Server::Impl::make_job(const CompletionRequest& r) const {
