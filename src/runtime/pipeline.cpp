@@ -1,13 +1,17 @@
 // The pipeline protocol. Rank 0 leads; every message is fixed-size or sized by an earlier one:
 //   Open (broadcast) -> each rank's Report (model opened) -> Plan (broadcast: layer ranges)
-//   -> each rank's Report (part built) -> verdict (broadcast), then per step:
-//   Step (broadcast) -> tokens (broadcast) -> hidden state r -> r + 1 -> logits last -> 0,
-//   and End (broadcast) closes the session; Exit ends serve_pipeline_rank.
+//   -> each rank's Report (part built) -> verdict (broadcast), then per step one message from
+//   rank to rank, r -> r + 1: the Step header with the tokens and rank r's hidden state (inline
+//   for a step of one token, else two more messages of exactly their sizes), and the logits from
+//   the last rank back to 0; End travels the same way and closes the session; Exit (broadcast)
+//   ends serve_pipeline_rank. A decode step is two messages on each rank, not four (two
+//   broadcasts for the step and its tokens cost ~100 us each on NCCL).
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "pipeline_leader.h"
 #include "tandem/error.h"
@@ -19,7 +23,7 @@ namespace tandem {
 namespace {
 
 constexpr uint32_t kMagic = 0x54504950;  // "PIPT"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;         // 2: steps travel rank to rank, not broadcast
 constexpr int kMaxRanks = 64;
 constexpr size_t kTextBytes = 480;
 constexpr size_t kStrategyBytes = 64;
@@ -92,6 +96,38 @@ void check_header(const Header& h, int rank) {
   }
 }
 
+// A step's first message between neighbours: the header, then room for one token and its
+// hidden state (a decode step is this message alone).
+size_t step_message_bytes(int64_t n_embd) {
+  return sizeof(Header) + sizeof(int32_t) + size_t(n_embd) * sizeof(float);
+}
+
+// The step (or End) `h` with its tokens and hidden state to rank `peer`: one message when the
+// step has one token, else the header's message, then the tokens and the hidden state as they
+// are (a prefill's hidden state is megabytes: packing it would copy it twice).
+void send_step(PipelineTransport& t, const Header& h, std::span<const int32_t> tokens,
+               std::span<const float> hidden, int64_t n_embd, int peer,
+               std::vector<uint8_t>& message) {
+  TANDEM_CHECK_ARG(
+      h.command != Command::Step ||
+          (tokens.size() == size_t(h.n_tokens) && hidden.size() == tokens.size() * size_t(n_embd)),
+      "pipeline",
+      "a step of " + std::to_string(h.n_tokens) + " tokens sends " + std::to_string(tokens.size()) +
+          " tokens and " + std::to_string(hidden.size()) + " floats of hidden state");
+  message.assign(step_message_bytes(n_embd), 0);
+  std::memcpy(message.data(), &h, sizeof h);
+  const bool single = h.command == Command::Step && h.n_tokens == 1;
+  if (single) {
+    std::memcpy(message.data() + sizeof h, tokens.data(), tokens.size_bytes());
+    std::memcpy(message.data() + sizeof h + tokens.size_bytes(), hidden.data(),
+                hidden.size_bytes());
+  }
+  t.send(message.data(), message.size(), peer);
+  if (h.command != Command::Step || single) return;
+  t.send(tokens.data(), tokens.size_bytes(), peer);
+  t.send(hidden.data(), hidden.size_bytes(), peer);
+}
+
 // The layer ranges, one per rank, or why they cannot be made.
 std::vector<LayerRange> split_for_ranks(int n_layer, int n_ranks, std::vector<double> proportions) {
   if (n_ranks > kMaxRanks) {
@@ -137,7 +173,7 @@ uint64_t model_fingerprint(const gguf::File& file) {
 
 PipelineLeader::PipelineLeader(std::shared_ptr<PipelineTransport> transport, const gguf::File& file,
                                const LlamaConfig& config, const SessionOptions& options)
-    : transport_(std::move(transport)) {
+    : transport_(std::move(transport)), n_embd_(config.n_embd) {
   PipelineTransport& t = *transport_;
   TANDEM_CHECK_ARG(t.rank() == 0, "pipeline",
                    "only rank 0 opens a session (this is " + rank_name(t.rank()) + ")");
@@ -223,17 +259,18 @@ void PipelineLeader::fail(const std::string& why) noexcept {
 
 void PipelineLeader::announce(std::span<const int32_t> tokens, int64_t start, bool all_logits) {
   TANDEM_CHECK_ARG(started_ && !stopped_, "pipeline", "the pipeline was stopped by an error");
-  Header step;
-  step.command = Command::Step;
-  step.n_tokens = int32_t(tokens.size());
-  step.start = start;
-  step.all_logits = all_logits;
-  transport_->broadcast(&step, sizeof step, 0);
-  transport_->broadcast(const_cast<int32_t*>(tokens.data()), tokens.size_bytes(), 0);
+  tokens_.assign(tokens.begin(), tokens.end());
+  start_ = start;
+  all_logits_ = all_logits;
 }
 
 void PipelineLeader::finish(std::span<const float> hidden, std::span<float> logits) {
-  transport_->send(hidden.data(), hidden.size_bytes(), 1);
+  Header step;
+  step.command = Command::Step;
+  step.n_tokens = int32_t(tokens_.size());
+  step.start = start_;
+  step.all_logits = all_logits_;
+  send_step(*transport_, step, tokens_, hidden, n_embd_, 1, buffer_);
   transport_->recv(logits.data(), logits.size_bytes(), transport_->n_ranks() - 1);
 }
 
@@ -248,7 +285,7 @@ PipelineLeader::~PipelineLeader() {
   try {
     Header end;
     end.command = Command::End;
-    transport_->broadcast(&end, sizeof end, 0);
+    send_step(*transport_, end, {}, {}, n_embd_, 1, buffer_);
   } catch (const std::exception&) {
     // A rank already gone: nothing waits for this.
   }
@@ -309,24 +346,40 @@ void serve_session(const SessionOptions& options, const Header& open) {
   if (!verdict.ok) fail_with(get_text(verdict.text));
 
   const int64_t n_embd = session->config().n_embd;
-  const int next = rank + 1 == n ? 0 : rank + 1;
+  const bool last = rank + 1 == n;
   std::vector<int32_t> tokens;
   std::vector<float> hidden;
+  std::vector<uint8_t> message(step_message_bytes(n_embd)), buffer;
   for (;;) {
     Header step;
-    t.broadcast(&step, sizeof step, 0);
+    t.recv(message.data(), message.size(), rank - 1);
+    std::memcpy(&step, message.data(), sizeof step);
     check_header(step, rank);
-    if (step.command == Command::End) return;
-    if (step.command != Command::Step || step.n_tokens < 1) {
-      fail_with(rank_name(rank) + " expected a step or the session's end");
+    if (step.command == Command::End) {
+      if (!last) send_step(t, step, {}, {}, n_embd, rank + 1, buffer);
+      return;
+    }
+    if (step.command != Command::Step || step.n_tokens < 1 || step.n_tokens > session->n_ctx()) {
+      fail_with(rank_name(rank) + " expected a step of 1 to " + std::to_string(session->n_ctx()) +
+                " tokens or the session's end");
     }
     tokens.resize(size_t(step.n_tokens));
-    t.broadcast(tokens.data(), tokens.size() * sizeof(int32_t), 0);
     hidden.resize(size_t(step.n_tokens * n_embd));
-    t.recv(hidden.data(), hidden.size() * sizeof(float), rank - 1);
+    if (step.n_tokens == 1) {
+      std::memcpy(tokens.data(), message.data() + sizeof step, sizeof(int32_t));
+      std::memcpy(hidden.data(), message.data() + sizeof step + sizeof(int32_t),
+                  hidden.size() * sizeof(float));
+    } else {
+      t.recv(tokens.data(), tokens.size() * sizeof(int32_t), rank - 1);
+      t.recv(hidden.data(), hidden.size() * sizeof(float), rank - 1);
+    }
     std::span<const float> out =
         session->eval_stage(tokens, step.start, hidden, step.all_logits != 0);
-    t.send(out.data(), out.size_bytes(), next);
+    if (last) {
+      t.send(out.data(), out.size_bytes(), 0);
+    } else {
+      send_step(t, step, tokens, out, n_embd, rank + 1, buffer);
+    }
   }
 }
 

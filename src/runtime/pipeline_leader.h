@@ -36,9 +36,11 @@ class PipelineLeader {
   // Rank 0 could not build its part: the other ranks stop with `why`.
   void fail(const std::string& why) noexcept;
 
-  // A step: every rank learns the tokens and their first position.
+  // A step: its tokens and their first position, which finish sends along with the hidden
+  // state (every rank learns them from its neighbour).
   void announce(std::span<const int32_t> tokens, int64_t start, bool all_logits);
-  // Rank 0's hidden state to rank 1, the last rank's logits back into `logits`.
+  // The step announced and rank 0's hidden state to rank 1, the last rank's logits back into
+  // `logits`.
   void finish(std::span<const float> hidden, std::span<float> logits);
   // A step failed here: the other ranks stop rather than wait.
   void abort(const std::string& why) noexcept;
@@ -49,6 +51,12 @@ class PipelineLeader {
 
   std::shared_ptr<PipelineTransport> transport_;
   std::vector<LayerRange> ranges_;
+  int64_t n_embd_ = 0;
+  // The step announced, sent with rank 0's hidden state (finish).
+  std::vector<int32_t> tokens_;
+  int64_t start_ = 0;
+  bool all_logits_ = false;
+  std::vector<uint8_t> buffer_;
   bool started_ = false;
   bool stopped_ = false;
 };

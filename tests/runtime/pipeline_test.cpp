@@ -209,6 +209,35 @@ TEST(Pipeline, SeveralSessionsInTurnAndASkewedSplit) {
   for (const std::string& e : ranks.join()) EXPECT_EQ(e, "");
 }
 
+// Rank 0 leaves the context to the model (n_ctx 0): every rank sizes its caches the same way and
+// takes steps of any length up to it.
+TEST(Pipeline, TheModelsDefaultContextOnEveryRank) {
+  SessionOptions base = options_for();
+  base.n_ctx = 0;
+  std::vector<std::vector<float>> one;
+  int64_t n_ctx = 0;
+  {
+    Session alone(base);
+    n_ctx = alone.n_ctx();
+    one = run_steps(alone);
+  }
+  ASSERT_GT(n_ctx, int64_t(kPrompt.size()));
+  Ranks ranks(2, [](int) {
+    SessionOptions o = options_for();
+    o.n_ctx = 8;
+    return o;
+  });
+  {
+    SessionOptions o = base;
+    o.pipeline = ranks.leader();
+    Session leader(o);
+    EXPECT_EQ(leader.n_ctx(), n_ctx);
+    expect_equal(run_steps(leader), one);
+  }
+  ranks.end();
+  for (const std::string& e : ranks.join()) EXPECT_EQ(e, "");
+}
+
 // Without output.weight the last rank multiplies by the token embedding, which it maps too.
 TEST(Pipeline, TiedEmbeddingsOnTheLastRank) {
   SyntheticSpec spec = synthetic_preset("tiny", DType::Q8_0, 5);
