@@ -115,8 +115,7 @@ std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const D
   spent.setup += seconds_since(setup);
   std::vector<std::vector<double>> times(execs.size());
   double timed_us = 0.0;
-  for (int pass = 0; pass <= passes.max && (pass <= passes.min || timed_us < passes.max_us);
-       ++pass) {  // pass 0 warms up
+  auto run_pass = [&](bool timed) {
     const Clock::time_point flush = Clock::now();
     for (TensorId id : flushed) flush_from_caches(buffers[id].data(), buffers[id].bytes());
     spent.flush += seconds_since(flush);
@@ -126,11 +125,19 @@ std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const D
       b.timer_start();
       b.execute(g, execs[i]);
       const double us = b.timer_stop_us();
-      if (pass == 0) continue;
+      if (!timed) continue;
       times[i].push_back(us);
       timed_us += us;
     }
     spent.runs += seconds_since(run);
+  };
+  const Clock::time_point warm_up = Clock::now();
+  do {
+    run_pass(false);
+  } while (seconds_since(warm_up) < passes.warm_up_s);
+  for (int pass = 1; pass <= passes.max && (pass <= passes.min || timed_us < passes.max_us);
+       ++pass) {
+    run_pass(true);
   }
   // Ops of the same key and work (k and v, the two adds) make one sample.
   std::map<std::tuple<OpKey, double, double>, std::vector<double>> pooled;

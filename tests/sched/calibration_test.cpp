@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -545,6 +546,30 @@ TEST(Calibration, DecodeLayerRunsItsPassesAndTimesAttentionOverItsWholeCache) {
                             }),
               1);
   }
+}
+
+TEST(Calibration, DecodeLayerWarmsUpForItsWarmUpTimeBeforeItTimes) {
+  // Untimed passes until warm_up_s has passed (the first layer of a calibration: the first
+  // ~0.2 s of memory-bound work after the process stood idle ran slow), then the timed ones.
+  const detail::DecodeLayerShape tiny{64, 4, 2, 16, 128};
+  constexpr int kLayerOps = 17;
+  constexpr double kWarmUp = 0.2;
+  auto b = test::make_cpu("cpu");
+  SplitMix64 rng(7);
+  detail::CalibrationSpent spent;
+  std::vector<std::chrono::steady_clock::time_point> lead_ins;  // one per pass
+  const auto samples = detail::measure_decode_layer(
+      *b, tiny, {2, 2, 0.0, kWarmUp}, [&] { lead_ins.push_back(std::chrono::steady_clock::now()); },
+      rng, spent);
+  ASSERT_FALSE(samples.empty());
+  ASSERT_GE(lead_ins.size(), 3u);
+  const size_t warm = lead_ins.size() - 2;  // two timed passes
+  EXPECT_EQ(b->executed, int((warm + 2) * kLayerOps));
+  auto since_first = [&](size_t i) {
+    return std::chrono::duration<double>(lead_ins[i] - lead_ins[0]).count();
+  };
+  EXPECT_GE(since_first(warm), kWarmUp);      // the timed passes come after the warm-up time
+  EXPECT_LT(since_first(warm - 1), kWarmUp);  // and the warm-up stops once it has passed
 }
 
 // A host backend on reference kernels that records every execution's op and memory.
