@@ -209,6 +209,28 @@ TEST(Pipeline, SeveralSessionsInTurnAndASkewedSplit) {
   for (const std::string& e : ranks.join()) EXPECT_EQ(e, "");
 }
 
+// With three ranks a session's end travels rank to rank (0 -> 1 -> 2) before the next session
+// opens: every rank must be back waiting for it.
+TEST(Pipeline, ThreeRanksServeSessionsInTurn) {
+  std::vector<std::vector<float>> one;
+  {
+    Session alone(options_for());
+    one = run_steps(alone);
+  }
+  Ranks ranks(3, [](int) { return options_for(); });
+  for (std::vector<double> split :
+       {std::vector<double>{2, 1, 1}, std::vector<double>{1, 1, 2}, std::vector<double>{1, 2, 1}}) {
+    SessionOptions o = options_for();
+    o.pipeline = ranks.leader();
+    o.tensor_split = split;
+    Session leader(o);
+    EXPECT_EQ(leader.layers().end, int(split[0]));
+    expect_equal(run_steps(leader), one);
+  }
+  ranks.end();
+  for (const std::string& e : ranks.join()) EXPECT_EQ(e, "");
+}
+
 // Rank 0 leaves the context to the model (n_ctx 0): every rank sizes its caches the same way and
 // takes steps of any length up to it.
 TEST(Pipeline, TheModelsDefaultContextOnEveryRank) {
