@@ -257,20 +257,19 @@ void PipelineLeader::fail(const std::string& why) noexcept {
   }
 }
 
-void PipelineLeader::announce(std::span<const int32_t> tokens, int64_t start, bool all_logits) {
+void PipelineLeader::check_running() const {
   TANDEM_CHECK_ARG(started_ && !stopped_, "pipeline", "the pipeline was stopped by an error");
-  tokens_.assign(tokens.begin(), tokens.end());
-  start_ = start;
-  all_logits_ = all_logits;
 }
 
-void PipelineLeader::finish(std::span<const float> hidden, std::span<float> logits) {
+void PipelineLeader::step(std::span<const int32_t> tokens, int64_t start, bool all_logits,
+                          std::span<const float> hidden, std::span<float> logits) {
+  check_running();
   Header step;
   step.command = Command::Step;
-  step.n_tokens = int32_t(tokens_.size());
-  step.start = start_;
-  step.all_logits = all_logits_;
-  send_step(*transport_, step, tokens_, hidden, n_embd_, 1, buffer_);
+  step.n_tokens = int32_t(tokens.size());
+  step.start = start;
+  step.all_logits = all_logits;
+  send_step(*transport_, step, tokens, hidden, n_embd_, 1, message_);
   transport_->recv(logits.data(), logits.size_bytes(), transport_->n_ranks() - 1);
 }
 
@@ -285,7 +284,7 @@ PipelineLeader::~PipelineLeader() {
   try {
     Header end;
     end.command = Command::End;
-    send_step(*transport_, end, {}, {}, n_embd_, 1, buffer_);
+    send_step(*transport_, end, {}, {}, n_embd_, 1, message_);
   } catch (const std::exception&) {
     // A rank already gone: nothing waits for this.
   }

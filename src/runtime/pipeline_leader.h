@@ -36,12 +36,12 @@ class PipelineLeader {
   // Rank 0 could not build its part: the other ranks stop with `why`.
   void fail(const std::string& why) noexcept;
 
-  // A step: its tokens and their first position, which finish sends along with the hidden
-  // state (every rank learns them from its neighbour).
-  void announce(std::span<const int32_t> tokens, int64_t start, bool all_logits);
-  // The step announced and rank 0's hidden state to rank 1, the last rank's logits back into
-  // `logits`.
-  void finish(std::span<const float> hidden, std::span<float> logits);
+  // Throws when an error stopped the pipeline (before rank 0 computes a step for nothing).
+  void check_running() const;
+  // A step (its tokens, their first position) with rank 0's hidden state to rank 1 (every rank
+  // learns the step from its neighbour), the last rank's logits back into `logits`.
+  void step(std::span<const int32_t> tokens, int64_t start, bool all_logits,
+            std::span<const float> hidden, std::span<float> logits);
   // A step failed here: the other ranks stop rather than wait.
   void abort(const std::string& why) noexcept;
 
@@ -52,11 +52,7 @@ class PipelineLeader {
   std::shared_ptr<PipelineTransport> transport_;
   std::vector<LayerRange> ranges_;
   int64_t n_embd_ = 0;
-  // The step announced, sent with rank 0's hidden state (finish).
-  std::vector<int32_t> tokens_;
-  int64_t start_ = 0;
-  bool all_logits_ = false;
-  std::vector<uint8_t> buffer_;
+  std::vector<uint8_t> message_;  // a step's first message, reused
   bool started_ = false;
   bool stopped_ = false;
 };

@@ -278,16 +278,17 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_l
   const LlamaGraph& lg = graph_for(n, all_logits);
   positions_.resize(size_t(n));
   std::iota(positions_.begin(), positions_.end(), int32_t(past_[0]));
-  // Every rank learns the step; this rank's hidden state goes to the next, the logits come
-  // back from the last. A failure here stops the other ranks rather than leave them waiting.
+  // This rank's layers, then the step and their hidden state go to the next rank (every rank
+  // learns the step from its neighbour), the logits come back from the last. A failure here
+  // stops the other ranks rather than leave them waiting.
   try {
-    pipeline_->announce(tokens, past_[0], all_logits);
+    pipeline_->check_running();
     stage_out_.resize(size_t(lg.graph.tensor(lg.output()).elements()));
     ++steps_run_;
     run_recovering(lg, tokens, positions_, stage_out_);
     tokens_evaluated_ += n;
     size_logits(size_t(config_.n_vocab * (all_logits ? n : 1)));
-    pipeline_->finish(stage_out_, logits_);
+    pipeline_->step(tokens, past_[0], all_logits, stage_out_, logits_);
   } catch (const std::exception& e) {
     pipeline_->abort(e.what());
     throw;

@@ -567,8 +567,8 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
   // One candidate of whole layer ranges: the devices filled in the order `filled` (fastest first
   // or the backends'), each layer with or without its experts, the KV caches with their layers
   // or all first, the layers from the first up or the last down, the output before or after.
-  auto layer_candidate = [&](const std::vector<int>& filled, bool fastest_first, bool experts_apart,
-                             bool kv_first, bool descending, bool out_first) {
+  auto layer_candidate = [&](const std::vector<int>& filled, bool experts_apart, bool kv_first,
+                             bool descending, bool out_first) {
     Option o{"", pinned, std::vector<size_t>(nb, 0)};
     std::vector<size_t> cap(nb, 0);
     for (int d : devices) cap[size_t(d)] = capacity(d, reserve);
@@ -638,16 +638,15 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
              (kv_first ? (kv_placed ? ", all KV" : ", KV on host") : ", KV with layers");
     if (experts_apart && !experts_placed.empty())
       o.name += ", experts of " + range_label(experts_placed);
-    if (fastest_first) o.name += ", fastest device first";
+    if (filled != devices) o.name += ", fastest device first";
     add_option(std::move(o));
   };
-  for (size_t fill = 0; fill < fill_orders.size(); ++fill) {
+  for (const std::vector<int>& filled : fill_orders) {
     for (int experts_apart = 0; experts_apart < expert_variants; ++experts_apart) {
       for (int kv_first = 0; kv_first < (devices.size() == 1 ? 2 : 1); ++kv_first) {
         for (int descending = 0; descending < (devices.empty() ? 0 : 2); ++descending) {
           for (int out_first = 0; out_first < 2; ++out_first) {
-            layer_candidate(fill_orders[fill], fill > 0, experts_apart, kv_first, descending,
-                            out_first);
+            layer_candidate(filled, experts_apart, kv_first, descending, out_first);
           }
         }
       }
