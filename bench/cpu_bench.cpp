@@ -266,8 +266,9 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 };
 
 // One ExpertMatMul node: Qwen3-30B-A3B's ffn_up_exps (128 experts of 768 x 2048), 8 experts a
-// token. The ids change every iteration (drawn once, cycled), so the chosen experts come from
-// memory as in a model; GBps counts the distinct experts' weight bytes read.
+// token. The ids change every iteration (drawn once, cycled) and the tensor rotates through
+// copies totalling kRotationBytes (a model's layers), so the chosen experts come from memory as
+// in a model; GBps counts the distinct experts' weight bytes read.
 void bm_expert_matmul_node(benchmark::State& state, DType wtype, int64_t tokens, int threads) {
   constexpr int64_t K = 2048, M = 768, kExperts = 128, kUsed = 8, kIdSets = 64;
   CpuBackend cpu(threads);
@@ -276,8 +277,13 @@ void bm_expert_matmul_node(benchmark::State& state, DType wtype, int64_t tokens,
   const TensorId x = g.input("x", DType::F32, {K, 1, tokens});
   const TensorId ids = g.input("ids", DType::I32, {kUsed, tokens});
   const TensorId y = g.expert_matmul(w, x, ids);
-  AlignedBytes weights(g.tensor(w).bytes());
+  const size_t wbytes = g.tensor(w).bytes();
+  const size_t copies = std::max<size_t>(1, (kRotationBytes + wbytes - 1) / wbytes);
+  AlignedBytes weights(wbytes * copies);
   fill_quantized(wtype, weights.data(), M * kExperts, K, 1);
+  for (size_t c = 1; c < copies; ++c) {
+    std::memcpy(weights.data() + c * wbytes, weights.data(), wbytes);
+  }
   std::vector<float> xs(static_cast<size_t>(K * tokens)),
       out(static_cast<size_t>(M * kUsed * tokens));
   fill_random(xs.data(), K * tokens, 7);
@@ -306,7 +312,8 @@ void bm_expert_matmul_node(benchmark::State& state, DType wtype, int64_t tokens,
   size_t i = 0;
   double experts_read = 0.0;
   for (auto _ : state) {
-    const size_t s = i++ % kIdSets;
+    const size_t s = i % kIdSets;
+    e.inputs[0].data = weights.data() + (i++ % copies) * wbytes;
     e.inputs[2].data = id_sets[s].data();
     experts_read += distinct[s];
     cpu.execute(g, e);

@@ -2,6 +2,7 @@
 // runs (scalar, AVX2, AVX-512, AVX-512 VNNI) and for 1 and 3 threads, over odd shapes.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -516,6 +517,100 @@ TEST(CpuOpsGroup, SharedInputProductsMatchOneByOne) {
         EXPECT_LE(num / den, kMatMul);
       }
     }
+}
+
+// A token's expert products run as groups: gate, up and their SwiGLU as one pool job, down and
+// the MoeCombine of its products as another. Every output (the products' too) must have the
+// bits of the nodes run alone and match the reference, also where the SwiGLU or the combine
+// writes over its input in place; groups end where the ids or the column differ.
+TEST(CpuOpsGroup, OneTokenExpertsMatchOneByOne) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  constexpr int64_t H = 96, F = 64, kExperts = 6, kUsed = 3;
+  for (DType dt : {DType::Q4_0, DType::Q8_0})
+    for (int threads : {1, 3})
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " threads " + std::to_string(threads) +
+                     (in_place ? " in place" : ""));
+        CpuBackend cpu(threads);
+        Graph g;
+        const TensorId x = g.input("x", DType::F32, {H, 1, 1});
+        const TensorId ids = g.input("ids", DType::I32, {kUsed, 1});
+        const TensorId weights = g.input("weights", DType::F32, {kUsed, 1});
+        const TensorId wg = g.weight("wg", dt, {H, F, kExperts});
+        const TensorId wu = g.weight("wu", dt, {H, F, kExperts});
+        const TensorId wd = g.weight("wd", dt, {F, H, kExperts});
+        const TensorId gate = g.expert_matmul(wg, x, ids), up = g.expert_matmul(wu, x, ids);
+        const TensorId s = g.swiglu(gate, up);
+        const TensorId down = g.expert_matmul(wd, s, ids);
+        const TensorId out = g.moe_combine(down, weights);
+        std::vector<std::vector<uint8_t>> data(size_t(out) + 1);
+        for (TensorId t : {x, weights, wg, wu, wd}) {
+          const TensorDesc& d = g.tensor(t);
+          std::vector<float> v(static_cast<size_t>(d.elements()));
+          for (float& f : v) f = dist(rng);
+          data[size_t(t)].resize(d.bytes());
+          for (int64_t r = 0; r < d.rows(); ++r)
+            from_f32(d.dtype, v.data() + r * d.ne[0], data[size_t(t)].data() + r * d.nb[1],
+                     d.ne[0]);
+        }
+        const int32_t chosen[kUsed] = {4, 0, 4};  // a repeat: ExpertMatMul allows one
+        data[size_t(ids)].resize(sizeof chosen);
+        std::memcpy(data[size_t(ids)].data(), chosen, sizeof chosen);
+        const TensorId nodes[] = {gate, up, s, down, out};
+        // Each run: its own outputs; in place, s is written over gate and out over down.
+        auto run = [&](int how) {  // 0: segment, 1: node by node, 2: reference
+          std::vector<std::vector<uint8_t>> outs;
+          for (TensorId y : nodes) outs.emplace_back(g.tensor(y).bytes());
+          auto home = [&](TensorId t) -> void* {
+            if (in_place && t == s) t = gate;
+            if (in_place && t == out) t = down;
+            for (size_t i = 0; i < std::size(nodes); ++i)
+              if (nodes[i] == t) return outs[i].data();
+            return data[size_t(t)].data();
+          };
+          std::vector<NodeExecution> execs;
+          for (TensorId y : nodes) execs.push_back(execution_of(g, g.node(y), home));
+          const OpContext ctx{cpu.pool(), kernels_for(cpu.isa())};
+          EXPECT_EQ(expert_group_size(ctx, execs), 3u);
+          EXPECT_EQ(expert_group_size(ctx, std::span(execs).subspan(3)), 2u);
+          if (how == 0) {
+            cpu.execute_segment(g, execs, 0);
+          } else {
+            for (const NodeExecution& e : execs) {
+              if (how == 1) cpu.execute(g, e);
+              if (how == 2) reference_execute(g, e);
+            }
+          }
+          // Other ids or another column for up: gate runs alone.
+          std::vector<uint8_t> other(data[size_t(ids)]);
+          execs[1].inputs[2].data = other.data();
+          EXPECT_EQ(expert_group_size(ctx, execs), 1u);
+          execs[1].inputs[2].data = execs[0].inputs[2].data;
+          execs[1].inputs[1].data = data[size_t(weights)].data();
+          EXPECT_EQ(expert_group_size(ctx, execs), 1u);
+          // The combine's output partly inside the products: down runs alone.
+          execs[4].output.data = outs[3].data() + sizeof(float);
+          EXPECT_EQ(expert_group_size(ctx, std::span(execs).subspan(3)), 1u);
+          return outs;
+        };
+        const auto grouped = run(0), alone = run(1), ref = run(2);
+        for (size_t i = 0; i < std::size(nodes); ++i) {
+          if (in_place && (nodes[i] == s || nodes[i] == out)) continue;  // not its own memory
+          SCOPED_TRACE("node " + std::to_string(i));
+          EXPECT_EQ(grouped[i], alone[i]);
+          const auto* a = reinterpret_cast<const float*>(ref[i].data());
+          const auto* b = reinterpret_cast<const float*>(grouped[i].data());
+          double num = 0.0, den = 0.0;
+          for (size_t j = 0; j < ref[i].size() / sizeof(float); ++j) {
+            num += double(a[j] - b[j]) * double(a[j] - b[j]);
+            den += double(a[j]) * double(a[j]);
+          }
+          EXPECT_LE(num / den, kMatMul);
+        }
+      }
 }
 
 TEST(CpuOpsErrors, BadPositionsAndIdsThrow) {

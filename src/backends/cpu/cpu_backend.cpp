@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "amx.h"
 #include "cpu_features.h"
@@ -74,6 +75,10 @@ CpuBackend::CpuBackend(int threads, std::optional<Isa> isa)
   // Part of the device's identity for calibrated cost profiles: speed depends on it.
   features_.push_back("threads_" + std::to_string(pool_.size()));
   amx_ = kernels_->isa == best_isa() && amx::amx_usable();
+  if (const char* env = std::getenv("TANDEM_CPU_FUSION"); env && *env) {
+    const std::string_view v(env);
+    groups_ = v != "0" && v != "off";
+  }
 }
 
 void CpuBackend::set_amx(bool on) {
@@ -96,7 +101,9 @@ void CpuBackend::execute_segment(const Graph& graph, std::span<const NodeExecuti
                                  uint64_t /*signature*/) {
   for (size_t i = 0; i < segment.size();) {
     const OpContext ctx{pool_, *kernels_, blas_policy_, amx_};
-    const size_t n = quantized_matmul_group_size(ctx, segment.subspan(i));
+    const auto rest = segment.subspan(i);
+    const size_t experts = groups_ ? expert_group_size(ctx, rest) : 1;
+    const size_t n = experts > 1 ? experts : groups_ ? quantized_matmul_group_size(ctx, rest) : 1;
     if (n == 1) {
       execute(graph, segment[i++]);
       continue;
@@ -106,7 +113,11 @@ void CpuBackend::execute_segment(const Graph& graph, std::span<const NodeExecuti
       if (!c.ok()) throw_error(ErrorCode::Unsupported, "cpu", c.detail);
     }
     std::lock_guard<std::mutex> lock(execute_mutex_);
-    quantized_matmul_group(ctx, segment.subspan(i, n));
+    if (experts > 1) {
+      expert_group(ctx, rest.first(n));
+    } else {
+      quantized_matmul_group(ctx, rest.first(n));
+    }
     i += n;
   }
 }

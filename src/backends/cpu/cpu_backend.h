@@ -26,7 +26,9 @@ class CpuBackend : public HostBackend {
   const std::vector<OpCapability>& capabilities() const override { return rows_.capabilities(); }
   void execute(const Graph& graph, const NodeExecution& exec) override;
   // As execute, node by node, except that consecutive quantized products of one input run as
-  // one pool job (quantized_matmul_group).
+  // one pool job (quantized_matmul_group), and so do a token's expert products with the SwiGLU
+  // or the MoeCombine after them (expert_group). TANDEM_CPU_FUSION=0 (or off) runs every node
+  // alone, to measure what the groups bring.
   void execute_segment(const Graph& graph, std::span<const NodeExecution> segment,
                        uint64_t signature) override;
 
@@ -47,6 +49,7 @@ class CpuBackend : public HostBackend {
   KernelTable<Kernel> rows_;  // capabilities and dispatch
   BlasPolicy blas_policy_ = BlasPolicy::Auto;
   bool amx_ = false;
+  bool groups_ = true;        // execute_segment's groups (TANDEM_CPU_FUSION)
   std::mutex execute_mutex_;  // kernels share per-backend scratch and the pool
 };
 

@@ -220,7 +220,185 @@ void run_expert_matmul(const OpContext& ctx, const NodeExecution& e) {
   }
 }
 
+// Rows of one work item of a one-token group (a multiple of kTileRows): the down product's
+// 2048 rows are 64 items, the gate and up products' 8 x 768 are 192 (two matrices each).
+constexpr int64_t kGroupItemRows = 32;
+
+// A one-token ExpertMatMul of Q4_0 / Q8_0 experts with 8-bit activations: b [K, 1 or k, 1],
+// ids [k, 1], out [M, k, 1], none sharing memory with another.
+bool one_token_experts(const NodeExecution& e) {
+  if (e.node->op != OpKind::ExpertMatMul || e.inputs.size() != 3) return false;
+  const TensorDesc &a = *e.inputs[0].desc, &b = *e.inputs[1].desc, &id = *e.inputs[2].desc;
+  const TensorDesc& out = *e.output.desc;
+  const int64_t k = id.ne[0];
+  return (a.dtype == DType::Q4_0 || a.dtype == DType::Q8_0) && b.dtype == DType::F32 &&
+         id.dtype == DType::I32 && out.dtype == DType::F32 && a.ne[3] == 1 && b.ne[0] == a.ne[0] &&
+         (b.ne[1] == 1 || b.ne[1] == k) && b.ne[2] * b.ne[3] == 1 &&
+         id.ne[1] * id.ne[2] * id.ne[3] == 1 && out.ne[0] == a.ne[1] && out.ne[1] == k &&
+         out.ne[2] * out.ne[3] == 1 && b.is_contiguous() && out.is_contiguous() &&
+         id.is_contiguous() && int8_activations(a.ne[1], 1) && !overlaps(e.output, e.inputs[1]) &&
+         !overlaps(e.output, e.inputs[2]);
+}
+
+// y reads nothing x writes, or is x's own memory (an op run in place over its input).
+bool disjoint_or_same(const TensorRef& x, const TensorRef& y) {
+  return !overlaps(x, y) || (x.data == y.data && x.desc->bytes() == y.desc->bytes());
+}
+
+// The token's columns quantized to 8 bits on the calling thread (one column of the hidden size,
+// or k of the expert width: a few microseconds, less than a dispatch).
+QuantizedActivations quantize_token(const Kernels& kern, const float* b, int64_t K,
+                                    int64_t columns) {
+  thread_local ExpertScratch tls;
+  ExpertScratch& s = tls;
+  const int64_t nb = K / kQuantBlock;
+  s.qs.resize(size_t(columns * K));
+  s.d.resize(size_t(columns * nb));
+  s.bias.resize(size_t(columns * nb * kBiasLanes));
+  for (int64_t c = 0; c < columns; ++c) {
+    kern.quantize_activations(b + c * K, K, s.qs.data() + c * K, s.d.data() + c * nb,
+                              s.bias.data() + c * nb * kBiasLanes);
+  }
+  return {s.qs.data(), s.d.data(), s.bias.data(), K};
+}
+
+const int32_t* checked_ids(const NodeExecution& e) {
+  const auto* ids = static_cast<const int32_t*>(e.inputs[2].data);
+  const int64_t n_expert = e.inputs[0].desc->ne[2];
+  for (int64_t j = 0; j < e.inputs[2].desc->ne[0]; ++j) {
+    if (ids[j] < 0 || ids[j] >= n_expert) {
+      throw_error(ErrorCode::InvalidArgument, "cpu expert_matmul",
+                  "expert id " + std::to_string(ids[j]) + " is not in [0, " +
+                      std::to_string(n_expert) + ")");
+    }
+  }
+  return ids;
+}
+
+// Gate and up (and their SwiGLU): every item multiplies kGroupItemRows rows of one chosen
+// expert's gate and up matrices with the token's column.
+void gate_up_group(const OpContext& ctx, std::span<const NodeExecution> group) {
+  const NodeExecution &g = group[0], &u = group[1];
+  const TensorDesc& a = *g.inputs[0].desc;
+  const int64_t K = a.ne[0], M = a.ne[1], k = g.inputs[2].desc->ne[0];
+  const int32_t* ids = checked_ids(g);
+  const QuantizedActivations act =
+      quantize_token(ctx.k, static_cast<const float*>(g.inputs[1].data), K, 1);
+  const auto tile = quantized_tile(ctx.k, a.dtype);
+  const auto* wg = static_cast<const uint8_t*>(g.inputs[0].data);
+  const auto* wu = static_cast<const uint8_t*>(u.inputs[0].data);
+  auto* gate = static_cast<float*>(g.output.data);
+  auto* up = static_cast<float*>(u.output.data);
+  float* s = group.size() == 3 ? static_cast<float*>(group[2].output.data) : nullptr;
+  const size_t wrb = size_t(a.nb[1]);
+  const int64_t chunks = (M + kGroupItemRows - 1) / kGroupItemRows;
+  ctx.pool.parallel_chunks(k * chunks, 1, [&](int64_t i0, int64_t i1) {
+    float gv[kGroupItemRows], uv[kGroupItemRows];
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t j = i / chunks, m0 = (i % chunks) * kGroupItemRows;
+      const int64_t m1 = std::min(M, m0 + kGroupItemRows);
+      const uint8_t* xg = wg + ids[j] * g.inputs[0].desc->nb[2];
+      const uint8_t* xu = wu + ids[j] * u.inputs[0].desc->nb[2];
+      for_each_tile(m0, m1, 0, 1, [&](int64_t m, int rows, int64_t, int) {
+        tile(xg + size_t(m) * wrb, wrb, rows, act, 0, 1, gv + (m - m0), kGroupItemRows);
+        tile(xu + size_t(m) * wrb, wrb, rows, act, 0, 1, uv + (m - m0), kGroupItemRows);
+      });
+      const int64_t n = m1 - m0, at = j * M + m0;
+      std::copy(gv, gv + n, gate + at);
+      std::copy(uv, uv + n, up + at);
+      if (s) ctx.k.swiglu(gv, uv, s + at, n);
+    }
+  });
+}
+
+// Down and MoeCombine: every item multiplies kGroupItemRows rows of each chosen expert's down
+// matrix with that choice's column, then sums the k products by the router's weights.
+void down_combine_group(const OpContext& ctx, std::span<const NodeExecution> group) {
+  const NodeExecution &d = group[0], &c = group[1];
+  const TensorDesc& a = *d.inputs[0].desc;
+  const int64_t K = a.ne[0], M = a.ne[1], k = d.inputs[2].desc->ne[0];
+  const int32_t* ids = checked_ids(d);
+  const QuantizedActivations act =
+      quantize_token(ctx.k, static_cast<const float*>(d.inputs[1].data), K, k);
+  const std::vector<float> weights(static_cast<const float*>(c.inputs[1].data),
+                                   static_cast<const float*>(c.inputs[1].data) + k);
+  const auto tile = quantized_tile(ctx.k, a.dtype);
+  const auto* w = static_cast<const uint8_t*>(d.inputs[0].data);
+  auto* products = static_cast<float*>(d.output.data);
+  auto* out = static_cast<float*>(c.output.data);
+  const size_t wrb = size_t(a.nb[1]);
+  const int64_t chunks = (M + kGroupItemRows - 1) / kGroupItemRows;
+  ctx.pool.parallel_chunks(chunks, 1, [&](int64_t i0, int64_t i1) {
+    thread_local std::vector<float> pv;
+    pv.resize(size_t(k * kGroupItemRows));
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t m0 = i * kGroupItemRows, m1 = std::min(M, m0 + kGroupItemRows), n = m1 - m0;
+      for (int64_t j = 0; j < k; ++j) {
+        const uint8_t* x = w + ids[j] * a.nb[2];
+        float* p = pv.data() + j * kGroupItemRows;
+        for_each_tile(m0, m1, 0, 1, [&](int64_t m, int rows, int64_t, int) {
+          tile(x + size_t(m) * wrb, wrb, rows, act, j, 1, p + (m - m0), kGroupItemRows);
+        });
+        std::copy(p, p + n, products + j * M + m0);
+      }
+      // In order, as MoeCombine sums: the first scaled, the others added one by one.
+      ctx.k.scale(pv.data(), weights[0], out + m0, n);
+      for (int64_t j = 1; j < k; ++j) {
+        ctx.k.axpy_f32(weights[size_t(j)], pv.data() + j * kGroupItemRows, out + m0, n);
+      }
+    }
+  });
+}
+
 }  // namespace
+
+size_t expert_group_size(const OpContext& /*ctx*/, std::span<const NodeExecution> execs) {
+  if (execs.size() < 2 || !one_token_experts(execs[0])) return 1;
+  const NodeExecution &e0 = execs[0], &e1 = execs[1];
+  const TensorDesc& a = *e0.inputs[0].desc;
+  const int64_t k = e0.inputs[2].desc->ne[0];
+  if (e0.inputs[1].desc->ne[1] == 1) {
+    // Gate and up: the same column and ids, matrices of one shape and dtype, outputs apart.
+    const TensorDesc& a1 = *e1.inputs[0].desc;
+    if (!one_token_experts(e1) || e1.inputs[1].data != e0.inputs[1].data ||
+        e1.inputs[1].desc->ne[1] != 1 || e1.inputs[2].data != e0.inputs[2].data ||
+        e1.inputs[2].desc->ne[0] != k || a1.dtype != a.dtype || a1.ne[0] != a.ne[0] ||
+        a1.ne[1] != a.ne[1] || a1.nb[1] != a.nb[1] || overlaps(e0.output, e1.output) ||
+        overlaps(e1.output, e0.inputs[1]) || overlaps(e1.output, e0.inputs[2]) ||
+        overlaps(e0.output, e1.inputs[1]) || overlaps(e0.output, e1.inputs[2])) {
+      return 1;
+    }
+    if (execs.size() < 3) return 2;
+    const NodeExecution& e2 = execs[2];
+    const bool swiglu =
+        e2.node->op == OpKind::SwiGlu && e2.inputs.size() == 2 &&
+        e2.inputs[0].data == e0.output.data && e2.inputs[1].data == e1.output.data &&
+        e2.output.desc->dtype == DType::F32 &&
+        e2.output.desc->elements() == e0.output.desc->elements() &&
+        e2.output.desc->is_contiguous() && !overlaps(e2.output, e0.inputs[1]) &&
+        !overlaps(e2.output, e0.inputs[2]) && disjoint_or_same(e0.output, e2.output) &&
+        disjoint_or_same(e1.output, e2.output);
+    return swiglu ? 3 : 2;
+  }
+  // Down and MoeCombine of its products by k weights of one token.
+  const bool combine = e1.node->op == OpKind::MoeCombine && e1.inputs.size() == 2 &&
+                       e1.inputs[0].data == e0.output.data &&
+                       e1.inputs[1].desc->dtype == DType::F32 &&
+                       e1.inputs[1].desc->elements() == k && e1.output.desc->dtype == DType::F32 &&
+                       e1.output.desc->elements() == a.ne[1] && e1.output.desc->is_contiguous() &&
+                       !overlaps(e1.output, e0.inputs[1]) && !overlaps(e1.output, e0.inputs[2]) &&
+                       !overlaps(e1.output, e1.inputs[1]) &&
+                       (e1.output.data == e0.output.data || !overlaps(e1.output, e0.output));
+  return combine ? 2 : 1;
+}
+
+void expert_group(const OpContext& ctx, std::span<const NodeExecution> group) {
+  if (group[0].inputs[1].desc->ne[1] == 1) {
+    gate_up_group(ctx, group);
+  } else {
+    down_combine_group(ctx, group);
+  }
+}
 
 void add_expert_matmul_kernels(KernelTable<Kernel>& rows) {
   for (DType d : float_dtypes()) {

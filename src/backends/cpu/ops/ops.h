@@ -55,6 +55,18 @@ size_t quantized_matmul_group_size(const OpContext& ctx, std::span<const NodeExe
 // job; every output has the bits the products give one by one.
 void quantized_matmul_group(const OpContext& ctx, std::span<const NodeExecution> group);
 
+// Decode's expert products of one token (ExpertMatMul of Q4_0 / Q8_0 experts): the gate and up
+// products of one column and one set of ids, with the SwiGLU of the two where it follows (3
+// nodes, or 2), or the down product with the MoeCombine of its outputs (2 nodes). The number of
+// nodes at the start of execs that expert_group runs as one (1: run the first alone).
+size_t expert_group_size(const OpContext& ctx, std::span<const NodeExecution> execs);
+// One pass over the pool for the whole group, the token's column(s) quantized once; every
+// output (the products' too) has the bits the nodes give one by one.
+void expert_group(const OpContext& ctx, std::span<const NodeExecution> group);
+
+// Whether two tensors' bytes share memory.
+bool overlaps(const TensorRef& x, const TensorRef& y);
+
 // AMX tiles (OpContext::amx) pay off for quantized products from one full 16-column tile.
 inline constexpr int64_t kAmxMinCols = 16;
 

@@ -168,13 +168,13 @@ void quantized_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* w, si
   tiled_products(ctx, tile, w, wrb, act, out, M, N);
 }
 
-namespace {
-
 bool overlaps(const TensorRef& x, const TensorRef& y) {
   const auto* a = static_cast<const uint8_t*>(x.data);
   const auto* b = static_cast<const uint8_t*>(y.data);
   return a < b + y.desc->bytes() && b < a + x.desc->bytes();
 }
+
+namespace {
 
 // A member of a group: Q4_0 / Q8_0 weights of one matrix, f32 activations of one batch slice,
 // a product for the integer tiles (not AMX, not the exact small-product path).
