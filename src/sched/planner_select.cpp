@@ -227,6 +227,17 @@ int Walk::host_side(const Node& n, int host) {
         host_side_[i] = false;
       }
     }
+    // A streamed op must take at least kMinStreamSaving of its copy's time off the host: the
+    // simulated step rests on estimates, and a copy that saves the host little (an expert
+    // product of one token reads 8 of 128 experts; the copy carries all 128) turns an error
+    // of a few percent in them into a step that waits for the queue.
+    for (const SimOp& op : ops) {
+      if (op.runs == Runs::Either && !host_side_[size_t(op.rank)] &&
+          op.cpu_us < kMinStreamSaving * op.copy_us) {
+        host_side_[size_t(op.rank)] = true;
+      }
+    }
+    best = step_end(host_side_);
     const size_t on_cpu = size_t(std::count(host_side_.begin(), host_side_.end(), uint8_t(1)));
     char buf[192];
     std::snprintf(buf, sizeof buf,

@@ -26,6 +26,13 @@ constexpr double kMinSplitGain = 0.01;
 // whose first layer's ops ran on the CPU for 36.9 ms took the queue 8.1 ms longer than the
 // bytes it no longer carried saved.
 constexpr double kCopySlowdownUnderHostCompute = 0.22;
+// The least host time a streamed op must save, as a fraction of its copy's time (host_side).
+// Measured on an H100 host (2026-11-27, Qwen3-30B-A3B shape, Q4_0, 8 GiB): a decode that
+// streamed the last two layers' expert tensors (six copies of 108 MiB, each saving the CPU
+// ~73 us of its ~2.2 ms) was predicted ~3% faster and ran at 76 t/s, the copy queue busy the
+// whole step; with those products on the CPU, 98 t/s. A dense product of one token saves the
+// host a quarter to a half of its copy.
+constexpr double kMinStreamSaving = 0.1;
 inline uint64_t bit(int group) {
   return 1ull << group;
 }

@@ -324,6 +324,33 @@ TEST(Scheduler, ThePrefillSplitCountsTheResidentLayersBeforeTheHostOnes) {
   }
 }
 
+TEST(Scheduler, AOneTokenExpertProductIsNotStreamedForTheLittleItSavesTheHost) {
+  // 300 layers resident on the GPU, one token, then host-pinned experts: 64 of 64 x 1024 f32
+  // (16 MiB, ~670 us on the link) of which the token reads 4 (~10 us on the CPU). The copy
+  // queue has the whole resident part to carry the tensor, so the simulated step gains the
+  // CPU's ~10 us by streaming it; the GPU would wait on the queue as soon as its estimate is a
+  // few percent off. The product stays on the CPU.
+  auto sched = HybridScheduler::builder()
+                   .with_backend(test::make_cpu())
+                   .with_backend(test::make_gpu())
+                   .pin_tensor("^blk\\.", "cpu")
+                   .build();
+  Graph g;
+  TensorId x = g.input("x", DType::F32, {1024, 1});
+  for (int l = 0; l < 300; ++l) {
+    x = g.silu(g.matmul(g.weight("res." + std::to_string(l) + ".w", DType::F32, {1024, 1024}), x));
+  }
+  const TensorId experts =
+      g.expert_matmul(g.weight("blk.0.ffn_up_exps", DType::F32, {1024, 64, 64}),
+                      g.reshape(x, {1024, 1, 1}), g.input("ids", DType::I32, {4, 1}));
+  g.mark_output(experts);
+  auto p = sched.plan(g);
+  const BackendSelection& sel = p->at(experts);
+  EXPECT_EQ(sel.backend->backend_id(), "cpu") << sel.reason.to_string();
+  EXPECT_TRUE(sel.streamed.empty());
+  EXPECT_EQ(p->streamed_bytes, 0u);
+}
+
 TEST_P(StreamedTest, ATimelineTimesSegmentsAndCopiesWithoutPerOpEvents) {
   MiniModel model(rng_);
   const std::vector<test::ModelStep> steps = test::prefill_then_decode(rng_);
