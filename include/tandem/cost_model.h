@@ -69,7 +69,15 @@ struct BackendProfile {
   std::array<double, kDTypeClassCount> peak_gflops{};  // GFLOP/s per DTypeClass
   double memory_bandwidth_gbs = 0.0;                   // GB/s
   double launch_us = 0.0;                              // fixed cost per op
-  LinkProfile link;                                    // to host memory (unused on host backends)
+  // A device's ops inside a segment it runs as one (a CUDA graph replayed, each kernel's start
+  // overlapping the one before): calibration times ops alone, each paying its launch and the
+  // latency of its first loads. segment_launch_us: the least an op costs there (tiny ops in a
+  // row); segment_saving_us: what an op saves there against its time alone (one-token products
+  // in a row). 0: not measured (an op costs its estimate, as on a host backend; without a
+  // saving, launch_us - segment_launch_us).
+  double segment_launch_us = 0.0;
+  double segment_saving_us = 0.0;
+  LinkProfile link;  // to host memory (unused on host backends)
   // Measured op times per key, sorted by size: between them an op's time over its roofline
   // time (its efficiency) is interpolated in log(size); outside, the nearest one holds.
   std::map<OpKey, std::vector<OpSample>> op_samples;
@@ -165,6 +173,10 @@ class CostModel {
                          const LinkProfile& link, std::span<const uint8_t> input_hops,
                          double weight_runs);
   static double transfer_us(size_t bytes, const LinkProfile& link, int hops = 1);
+  // An op's time inside a device segment from its estimate alone (compute_us): less the
+  // segment's saving where measured, never below the segment's per-op cost. The planner prices
+  // steps with it; telemetry compares ops timed alone with compute_us.
+  static double in_segment_us(double compute_us, const BackendProfile& profile);
   // A streamed weight's copy: from page-locked host memory (the executor keeps such copies of
   // streamed weights), at the pinned figures where measured, else the link's.
   static double stream_us(size_t bytes, const LinkProfile& link);

@@ -95,6 +95,14 @@ double CostModel::stream_us(size_t bytes, const LinkProfile& link) {
   return double(bytes) / (link.pinned_bandwidth_gbs * 1e3) + link.pinned_latency_us;
 }
 
+double CostModel::in_segment_us(double compute_us, const BackendProfile& profile) {
+  if (!(profile.segment_launch_us > 0.0)) return compute_us;
+  const double saving = profile.segment_saving_us > 0.0
+                            ? profile.segment_saving_us
+                            : profile.launch_us - profile.segment_launch_us;
+  return std::max(compute_us - saving, profile.segment_launch_us);
+}
+
 double CostModel::activation_us(size_t bytes, const LinkProfile& link, int hops) {
   if (hops <= 0) return 0.0;
   return double(hops) * stream_us(bytes, link);
@@ -352,6 +360,8 @@ BackendProfile profile_from_json(const json& j, BackendProfile p, const std::str
   }
   p.memory_bandwidth_gbs = number(j, "memory_bandwidth_gbs", p.memory_bandwidth_gbs, where);
   p.launch_us = number(j, "launch_us", p.launch_us, where);
+  p.segment_launch_us = number(j, "segment_launch_us", p.segment_launch_us, where);
+  p.segment_saving_us = number(j, "segment_saving_us", p.segment_saving_us, where);
   if (j.contains("link")) {
     const json& l = object_at(j, "link", where);
     const std::string lw = where + ".link";
@@ -417,6 +427,8 @@ json profile_to_json(const BackendProfile& p) {
   json j = {{"peak_gflops", g},
             {"memory_bandwidth_gbs", p.memory_bandwidth_gbs},
             {"launch_us", p.launch_us},
+            {"segment_launch_us", p.segment_launch_us},
+            {"segment_saving_us", p.segment_saving_us},
             {"link",
              {{"bandwidth_gbs", k.bandwidth_gbs},
               {"latency_us", k.latency_us},

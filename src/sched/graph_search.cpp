@@ -52,9 +52,15 @@ class ExecutionSearch {
       if (g.node(out).op != OpKind::KvCache && g.node(out).op != OpKind::Weight) st.out = out;
       st.ok.resize(nb_);
       st.compute_us.resize(nb_);
+      st.alone_us.resize(nb_);
       for (size_t b = 0; b < nb_; ++b) {
         st.ok[b] = c.backends[b]->check(g, n).ok();
-        st.compute_us[b] = CostModel::estimate(g, n, c.profiles[b]).compute_us;
+        // A device runs its ops in segments, where an op's launch overlaps the op before.
+        // A device runs its ops in segments, where an op's launch overlaps the op before; the
+        // op that starts a segment (its input just moved there) pays its time alone.
+        st.alone_us[b] = CostModel::estimate(g, n, c.profiles[b]).compute_us;
+        st.compute_us[b] = c.group[b] != 0 ? CostModel::in_segment_us(st.alone_us[b], c.profiles[b])
+                                           : st.alone_us[b];
       }
       // A pin to a lost device no longer holds: the op is placed as any other.
       const int pin = c.op_pin[size_t(n.op)];
@@ -143,8 +149,25 @@ class ExecutionSearch {
       // Copied on the copy queue ahead of use: only what the op does not hide shows.
       cost += std::max(0.0, stream_us - st.compute_us[b]);
     }
-    for (TensorId s : st.acts) cost += move_us(mask_of(s), gb, b, g_.tensor(s).bytes());
+    cost += moves_us(k, b, mask_of);
     return cost;
+  }
+
+  // The moves of step k's activations to backend b and, on a device, the launch of the
+  // segment the step starts when one arrives there.
+  template <class MaskOf>
+  double moves_us(size_t k, size_t b, MaskOf mask_of) const {
+    const auto& st = steps_[k];
+    const int gb = c_.group[b];
+    double t = 0.0;
+    bool arrives = false;
+    for (TensorId s : st.acts) {
+      const double m = move_us(mask_of(s), gb, b, g_.tensor(s).bytes());
+      t += m;
+      arrives = arrives || m > 0.0;
+    }
+    if (gb != 0 && arrives) t += st.alone_us[b] - st.compute_us[b];
+    return t;
   }
 
   // Time to make an activation valid in group gb (for backend b), given the groups holding it.
@@ -281,9 +304,8 @@ class ExecutionSearch {
       const Step& st = steps_[k];
       const size_t b = size_t(backend[size_t(st.node)]);
       const int gb = c_.group[b];
-      double work = st.compute_us[b];
-      for (TensorId s : st.acts)
-        work += move_us(masks[index_in(k, s)], gb, b, g_.tensor(s).bytes());
+      double work =
+          st.compute_us[b] + moves_us(k, b, [&](TensorId s) { return masks[index_in(k, s)]; });
       if (gb != 0) {
         for (TensorId w : st.weights) {
           if (weight_mask_[size_t(w)] & group_bit(gb)) continue;
@@ -323,7 +345,8 @@ class ExecutionSearch {
     int forced = kNoBackend;
     size_t transient = 0;  // activation bytes read and written
     std::vector<bool> ok;
-    std::vector<double> compute_us;
+    std::vector<double> compute_us;  // on a device: inside a segment
+    std::vector<double> alone_us;    // the op timed alone (a device segment's first op)
   };
   const PlannerConfig& c_;
   const Graph& g_;

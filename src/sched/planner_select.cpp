@@ -123,6 +123,7 @@ int Walk::host_side(const Node& n, int host) {
       Runs runs;
       int rank;  // Either: its rank among the host-weight ops
       double cpu_us, gpu_us, copy_us;
+      double gpu_start_us;  // what it adds on the GPU as a segment's first op (its launch)
       double hop_us;  // its activation input over the link (one token's, in a prefill's last ops)
     };
     std::vector<SimOp> ops;
@@ -138,7 +139,8 @@ int Walk::host_side(const Node& n, int host) {
         if (lives_on_host(s)) bytes_us += CostModel::stream_us(g_.tensor(s).bytes(), gp.link);
       }
       const double cpu_us = CostModel::estimate(g_, m, hp).compute_us;
-      const double gpu_us = CostModel::estimate(g_, m, gp).compute_us;
+      const double gpu_alone = CostModel::estimate(g_, m, gp).compute_us;
+      const double gpu_us = CostModel::in_segment_us(gpu_alone, gp);
       size_t act_bytes = 0;
       for (TensorId in : m.inputs) {
         const OpKind op = g_.node(g_.storage_of(in)).op;
@@ -146,15 +148,17 @@ int Walk::host_side(const Node& n, int host) {
       }
       const double hop_us = CostModel::activation_us(act_bytes, gp.link);
       if (!c_.backends[size_t(gpu)]->can_execute(g_, m)) {
-        ops.push_back({Runs::Host, -1, cpu_us, gpu_us, 0.0, hop_us});
+        ops.push_back({Runs::Host, -1, cpu_us, gpu_us, 0.0, gpu_alone - gpu_us, hop_us});
         continue;
       }
       if (bytes_us <= 0.0) {
-        ops.push_back({weight ? Runs::Gpu : Runs::Follows, -1, cpu_us, gpu_us, 0.0, hop_us});
+        ops.push_back({weight ? Runs::Gpu : Runs::Follows, -1, cpu_us, gpu_us, 0.0,
+                       gpu_alone - gpu_us, hop_us});
         continue;
       }
       host_rank_[size_t(m.id)] = int(k_max);
-      ops.push_back({Runs::Either, int(k_max++), cpu_us, gpu_us, bytes_us, hop_us});
+      ops.push_back(
+          {Runs::Either, int(k_max++), cpu_us, gpu_us, bytes_us, gpu_alone - gpu_us, hop_us});
     }
     // The step's end for a choice of host ops: the host runs its ops one after another; the
     // copy queue streams the weights of the others in order from where it stands, and the GPU
@@ -179,13 +183,13 @@ int Walk::host_side(const Node& n, int host) {
           case Runs::Gpu:
             break;
           case Runs::Follows:
-            there = here && op.cpu_us <= op.hop_us + op.gpu_us;
+            there = here && op.cpu_us <= op.hop_us + op.gpu_start_us + op.gpu_us;
             break;
           case Runs::Host:
             there = true;
             break;
         }
-        if (there != here) t += op.hop_us;
+        if (there != here) t += op.hop_us + (there ? 0.0 : op.gpu_start_us);
         here = there;
         if (there) {
           // The host's compute shares host memory with the copy engine's reads: what of it

@@ -259,6 +259,8 @@ CalibratedDevice sample_device() {
   d.key = cpu_key();
   d.profile = CostModel::default_profile(BackendKind::Cpu);
   d.profile.launch_us = 1.5;
+  d.profile.segment_launch_us = 0.25;
+  d.profile.segment_saving_us = 3.5;
   d.profile.memory_bandwidth_gbs = 42.0;
   d.profile.link.pinned_bandwidth_gbs = 24.0;
   d.profile.calibrated = true;
@@ -278,6 +280,8 @@ TEST(Calibration, ProfileFileRoundTrips) {
   EXPECT_EQ(back[0].key, devices[0].key);
   const BackendProfile &a = devices[0].profile, &b = back[0].profile;
   EXPECT_DOUBLE_EQ(b.launch_us, a.launch_us);
+  EXPECT_DOUBLE_EQ(b.segment_launch_us, 0.25);
+  EXPECT_DOUBLE_EQ(b.segment_saving_us, 3.5);
   EXPECT_DOUBLE_EQ(b.memory_bandwidth_gbs, a.memory_bandwidth_gbs);
   EXPECT_DOUBLE_EQ(b.link.pinned_bandwidth_gbs, a.link.pinned_bandwidth_gbs);
   EXPECT_TRUE(b.calibrated);
@@ -729,6 +733,93 @@ TEST(Calibration, ADeviceLaunchIsTimedAgainOnceTheDeviceHasWorked) {
   const BackendProfile p = calibrate_backend(gpu, quick);
   EXPECT_GT(gpu.timed_, 40);
   EXPECT_DOUBLE_EQ(p.launch_us, 7.0);
+}
+
+// A device's ops in one segment: the timer reads the whole segment of 64 adds as 96 us (1.5 us
+// an op) where one add alone reads 7 us, so an op in a segment costs its estimate less 5.5 us,
+// never less than 1.5; without the figure an op costs its estimate.
+TEST(Calibration, ADeviceSegmentsOpsAtTheirCostInsideOne) {
+  class SegmentGpu : public test::TestBackend {
+   public:
+    explicit SegmentGpu(Config c) : TestBackend(std::move(c)) {}
+    void execute_segment(const Graph& graph, std::span<const NodeExecution> segment,
+                         uint64_t signature) override {
+      in_segment_ = true;
+      TestBackend::execute_segment(graph, segment, signature);
+      in_segment_ = false;
+      segment_ops_ = segment.size();
+    }
+    void timer_start() override { segment_ops_ = 0; }
+    double timer_stop_us() override { return segment_ops_ > 0 ? 1.5 * double(segment_ops_) : 7.0; }
+    bool in_segment_ = false;
+    size_t segment_ops_ = 0;
+  };
+  std::vector<OpCapability> caps;
+  for (const OpCapability& c : ReferenceBackend::reference_capabilities()) {
+    if (c.op == OpKind::Add) caps.push_back(c);
+  }
+  test::TestBackend::Config c;
+  c.id = "cuda:7";
+  c.kind = BackendKind::Gpu;
+  c.host_accessible = false;
+  c.capabilities = caps;
+  SegmentGpu gpu(c);
+  CalibrationOptions quick;
+  quick.quick = true;
+  const BackendProfile p = calibrate_backend(gpu, quick);
+  EXPECT_DOUBLE_EQ(p.launch_us, 7.0);
+  EXPECT_DOUBLE_EQ(p.segment_launch_us, 1.5);
+  EXPECT_DOUBLE_EQ(CostModel::in_segment_us(20.0, p), 14.5);
+  EXPECT_DOUBLE_EQ(CostModel::in_segment_us(7.5, p), 2.0);
+  EXPECT_DOUBLE_EQ(CostModel::in_segment_us(3.0, p), 1.5);
+  BackendProfile host = p;
+  host.segment_launch_us = 0.0;  // not measured: ops cost their estimates
+  EXPECT_DOUBLE_EQ(CostModel::in_segment_us(20.0, host), 20.0);
+}
+
+// One-token products in a segment: alone each reads 20 us, sixteen in one segment 192 us, so
+// an op saves 8 us there (more than the launch less the tiny ops' 1.5 us).
+TEST(Calibration, ADeviceMeasuresWhatAProductSavesInsideASegment) {
+  class ProductGpu : public test::TestBackend {
+   public:
+    explicit ProductGpu(Config c) : TestBackend(std::move(c)) {}
+    void execute(const Graph& graph, const NodeExecution& exec) override {
+      last_op_ = exec.node->op;
+      if (exec.node->op != OpKind::QuantizedMatMul) TestBackend::execute(graph, exec);
+    }
+    void execute_segment(const Graph& graph, std::span<const NodeExecution> segment,
+                         uint64_t signature) override {
+      TestBackend::execute_segment(graph, segment, signature);
+      segment_ops_ = segment.size();
+    }
+    void timer_start() override { segment_ops_ = 0; }
+    double timer_stop_us() override {
+      const bool product = last_op_ == OpKind::QuantizedMatMul;
+      if (segment_ops_ > 0) return (product ? 12.0 : 1.5) * double(segment_ops_);
+      return product ? 20.0 : 7.0;
+    }
+    OpKind last_op_ = OpKind::Add;
+    size_t segment_ops_ = 0;
+  };
+  std::vector<OpCapability> caps;
+  for (const OpCapability& c : ReferenceBackend::reference_capabilities()) {
+    if (c.op == OpKind::Add ||
+        (c.op == OpKind::QuantizedMatMul && !c.dtypes.empty() && c.dtypes[0] == DType::Q4_0))
+      caps.push_back(c);
+  }
+  test::TestBackend::Config c;
+  c.id = "cuda:7";
+  c.kind = BackendKind::Gpu;
+  c.host_accessible = false;
+  c.capabilities = caps;
+  ProductGpu gpu(c);
+  CalibrationOptions quick;
+  quick.quick = true;
+  const BackendProfile p = calibrate_backend(gpu, quick);
+  EXPECT_DOUBLE_EQ(p.segment_launch_us, 1.5);
+  EXPECT_DOUBLE_EQ(p.segment_saving_us, 8.0);
+  EXPECT_DOUBLE_EQ(CostModel::in_segment_us(30.0, p), 22.0);
+  EXPECT_DOUBLE_EQ(CostModel::in_segment_us(7.0, p), 1.5);
 }
 
 TEST(Calibration, EstimateReportFlagsStrayOpTypes) {
