@@ -545,6 +545,27 @@ class Calibrator {
     });
   }
 
+  // Every tensor of g in the device's memory (inputs and weights filled, outputs allocated) and
+  // the executions of its ops in order; false when the device cannot run one or has no room.
+  bool segment_in_memory(const Graph& g, std::map<TensorId, Buffer>& buffers,
+                         std::vector<NodeExecution>& execs) {
+    try {
+      for (const Node& n : g.nodes()) {
+        if (is_compute(n.op) && !b_.can_execute(g, n)) return false;
+        buffers[n.id] = is_compute(n.op) ? b_.allocate(g.tensor(n.id).bytes())
+                                         : buffer_with_data(b_, g.tensor(n.id), 0, 0, rng_);
+      }
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::OutOfMemory) throw;
+      return false;
+    }
+    for (const Node& n : g.nodes()) {
+      if (!is_compute(n.op)) continue;
+      execs.push_back(execution_of(g, n, [&](TensorId id) { return buffers.at(id).data(); }));
+    }
+    return true;
+  }
+
   // A device's cost per op inside one segment (a CUDA graph replayed): kSegmentOps chained
   // 16-element adds through execute_segment, after two untimed runs (the first captures it).
   // Ops timed alone pay the launch each: an H100 ran the 1B's decode step in 854 us where its
@@ -557,20 +578,7 @@ class Calibrator {
     for (int i = 0; i < kSegmentOps; ++i) cur = g.add(cur, y);
     std::map<TensorId, Buffer> buffers;
     std::vector<NodeExecution> execs;
-    try {
-      for (const Node& n : g.nodes()) {
-        if (is_compute(n.op) && !b_.can_execute(g, n)) return;
-        buffers[n.id] = is_compute(n.op) ? b_.allocate(g.tensor(n.id).bytes())
-                                         : buffer_with_data(b_, g.tensor(n.id), 0, 0, rng_);
-      }
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::OutOfMemory) throw;
-      return;
-    }
-    for (const Node& n : g.nodes()) {
-      if (!is_compute(n.op)) continue;
-      execs.push_back(execution_of(g, n, [&](TensorId id) { return buffers.at(id).data(); }));
-    }
+    if (!segment_in_memory(g, buffers, execs)) return;
     constexpr uint64_t kSignature = 0x5e9e5e9e5e9e5e9eull;
     for (int warm = 0; warm < 2; ++warm) b_.execute_segment(g, execs, kSignature);
     b_.synchronize();
@@ -598,21 +606,8 @@ class Calibrator {
     for (int i = 0; i < kProducts; ++i)
       cur = g.matmul(g.weight("w" + std::to_string(i), DType::Q4_0, {kDim, kDim}), cur);
     std::map<TensorId, Buffer> buffers;
-    try {
-      for (const Node& n : g.nodes()) {
-        if (is_compute(n.op) && !b_.can_execute(g, n)) return;
-        buffers[n.id] = is_compute(n.op) ? b_.allocate(g.tensor(n.id).bytes())
-                                         : buffer_with_data(b_, g.tensor(n.id), 0, 0, rng_);
-      }
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::OutOfMemory) throw;
-      return;
-    }
     std::vector<NodeExecution> execs;
-    for (const Node& n : g.nodes()) {
-      if (!is_compute(n.op)) continue;
-      execs.push_back(execution_of(g, n, [&](TensorId id) { return buffers.at(id).data(); }));
-    }
+    if (!segment_in_memory(g, buffers, execs)) return;
     for (const NodeExecution& e : execs) b_.execute(g, e);  // warm-up
     std::vector<std::vector<double>> alone(execs.size());
     for (int r = 0; r < budget_.reps; ++r) {

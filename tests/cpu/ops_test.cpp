@@ -442,6 +442,18 @@ TEST(CpuOpsRope, TableFollowsPositionsAndParameters) {
     }
 }
 
+// The NMSE of `got` against `want`, both raw f32 outputs.
+double nmse_f32(const std::vector<uint8_t>& want, const std::vector<uint8_t>& got) {
+  const auto* a = reinterpret_cast<const float*>(want.data());
+  const auto* b = reinterpret_cast<const float*>(got.data());
+  double num = 0.0, den = 0.0;
+  for (size_t j = 0; j < want.size() / sizeof(float); ++j) {
+    num += double(a[j] - b[j]) * double(a[j] - b[j]);
+    den += double(a[j]) * double(a[j]);
+  }
+  return num / den;
+}
+
 // execute_segment runs consecutive quantized products of one input as one pool job: every
 // output must have the bits of the same node run alone and match the reference; a product the
 // group cannot take (too few outputs for 8-bit activations) ends it, and so do outputs that
@@ -507,14 +519,7 @@ TEST(CpuOpsGroup, SharedInputProductsMatchOneByOne) {
         SCOPED_TRACE("threads " + std::to_string(threads) + " n " + std::to_string(n) +
                      " product " + std::to_string(i));
         EXPECT_EQ(grouped[i], alone[i]);
-        const auto* a = reinterpret_cast<const float*>(ref[i].data());
-        const auto* b = reinterpret_cast<const float*>(grouped[i].data());
-        double num = 0.0, den = 0.0;
-        for (size_t j = 0; j < ref[i].size() / sizeof(float); ++j) {
-          num += double(a[j] - b[j]) * double(a[j] - b[j]);
-          den += double(a[j]) * double(a[j]);
-        }
-        EXPECT_LE(num / den, kMatMul);
+        EXPECT_LE(nmse_f32(ref[i], grouped[i]), kMatMul);
       }
     }
 }
@@ -601,14 +606,7 @@ TEST(CpuOpsGroup, OneTokenExpertsMatchOneByOne) {
           if (in_place && (nodes[i] == s || nodes[i] == out)) continue;  // not its own memory
           SCOPED_TRACE("node " + std::to_string(i));
           EXPECT_EQ(grouped[i], alone[i]);
-          const auto* a = reinterpret_cast<const float*>(ref[i].data());
-          const auto* b = reinterpret_cast<const float*>(grouped[i].data());
-          double num = 0.0, den = 0.0;
-          for (size_t j = 0; j < ref[i].size() / sizeof(float); ++j) {
-            num += double(a[j] - b[j]) * double(a[j] - b[j]);
-            den += double(a[j]) * double(a[j]);
-          }
-          EXPECT_LE(num / den, kMatMul);
+          EXPECT_LE(nmse_f32(ref[i], grouped[i]), kMatMul);
         }
       }
 }

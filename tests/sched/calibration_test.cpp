@@ -706,6 +706,23 @@ TEST(Calibration, DeviceLinkIsFittedEachWayAndOnlyDeclaredOpsAreTimed) {
   EXPECT_FALSE(key.device.empty());
 }
 
+// A host-memory stand-in for a device ("cuda:7") declaring the reference's rows of `ops` (Q4_0
+// weights alone for QuantizedMatMul).
+test::TestBackend::Config device_config(std::initializer_list<OpKind> ops) {
+  test::TestBackend::Config c;
+  c.id = "cuda:7";
+  c.kind = BackendKind::Gpu;
+  c.host_accessible = false;
+  c.capabilities.clear();  // the default declares every reference row
+  for (const OpCapability& cap : ReferenceBackend::reference_capabilities()) {
+    if (std::find(ops.begin(), ops.end(), cap.op) == ops.end()) continue;
+    if (cap.op == OpKind::QuantizedMatMul && (cap.dtypes.empty() || cap.dtypes[0] != DType::Q4_0))
+      continue;
+    c.capabilities.push_back(cap);
+  }
+  return c;
+}
+
 // A device read slow while it warms up: the first 40 timings (the launch's, which come first)
 // read 13 us, every later one 7 us. The launch is timed again at the end and the lower reading
 // kept: the first calibration on an H100 that had stood idle read 12.96 us, the next three
@@ -718,15 +735,7 @@ TEST(Calibration, ADeviceLaunchIsTimedAgainOnceTheDeviceHasWorked) {
     double timer_stop_us() override { return ++timed_ <= 40 ? 13.0 : 7.0; }
     int timed_ = 0;
   };
-  std::vector<OpCapability> caps;
-  for (const OpCapability& c : ReferenceBackend::reference_capabilities()) {
-    if (c.op == OpKind::Add) caps.push_back(c);
-  }
-  test::TestBackend::Config c;
-  c.id = "cuda:7";
-  c.kind = BackendKind::Gpu;
-  c.host_accessible = false;
-  c.capabilities = caps;
+  const test::TestBackend::Config c = device_config({OpKind::Add});
   WarmingGpu gpu(c);
   CalibrationOptions quick;
   quick.quick = true;
@@ -754,15 +763,7 @@ TEST(Calibration, ADeviceSegmentsOpsAtTheirCostInsideOne) {
     bool in_segment_ = false;
     size_t segment_ops_ = 0;
   };
-  std::vector<OpCapability> caps;
-  for (const OpCapability& c : ReferenceBackend::reference_capabilities()) {
-    if (c.op == OpKind::Add) caps.push_back(c);
-  }
-  test::TestBackend::Config c;
-  c.id = "cuda:7";
-  c.kind = BackendKind::Gpu;
-  c.host_accessible = false;
-  c.capabilities = caps;
+  const test::TestBackend::Config c = device_config({OpKind::Add});
   SegmentGpu gpu(c);
   CalibrationOptions quick;
   quick.quick = true;
@@ -801,17 +802,7 @@ TEST(Calibration, ADeviceMeasuresWhatAProductSavesInsideASegment) {
     OpKind last_op_ = OpKind::Add;
     size_t segment_ops_ = 0;
   };
-  std::vector<OpCapability> caps;
-  for (const OpCapability& c : ReferenceBackend::reference_capabilities()) {
-    if (c.op == OpKind::Add ||
-        (c.op == OpKind::QuantizedMatMul && !c.dtypes.empty() && c.dtypes[0] == DType::Q4_0))
-      caps.push_back(c);
-  }
-  test::TestBackend::Config c;
-  c.id = "cuda:7";
-  c.kind = BackendKind::Gpu;
-  c.host_accessible = false;
-  c.capabilities = caps;
+  const test::TestBackend::Config c = device_config({OpKind::Add, OpKind::QuantizedMatMul});
   ProductGpu gpu(c);
   CalibrationOptions quick;
   quick.quick = true;
