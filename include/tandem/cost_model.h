@@ -154,8 +154,10 @@ class CostModel {
   // its ratio to the estimate without learning waits for end_observations(), which adds the
   // median ratio of each (backend, op key, size bucket) observed since to the profile. Call it
   // once per graph run.
+  // work_scale: the share of its work bound the op did (attention_work_scale), so an attention
+  // over a short context teaches the model nothing about a long one.
   void observe(const Graph& graph, const Node& node, std::string_view backend_id, BackendKind kind,
-               double actual_us);
+               double actual_us, double work_scale = 1.0);
   void end_observations();
 
   // The cost of running `node` on a backend with `profile`. input_hops[i] says how far
@@ -173,6 +175,15 @@ class CostModel {
                          const LinkProfile& link, std::span<const uint8_t> input_hops,
                          double weight_runs);
   static double transfer_us(size_t bytes, const LinkProfile& link, int hops = 1);
+  // An op's compute estimate (learned factor included) when it does work_scale of the work its
+  // shapes bound (flops and bytes scaled), as compute_us of estimate() at 1.
+  static double compute_us_at(const Graph& graph, const Node& node, const BackendProfile& profile,
+                              double work_scale);
+  // The share of its work bound an Attention node does with these positions (one per query
+  // token, on the host): the keys it reads over every query, pos + 1 each, against the cache
+  // length each (estimate()'s bound: positions are data); 1 for any other op.
+  static double attention_work_scale(const Graph& graph, const Node& node,
+                                     const int32_t* positions);
   // An op's time inside a device segment from its estimate alone (compute_us): less the
   // segment's saving where measured, never below the segment's per-op cost. The planner prices
   // steps with it; telemetry compares ops timed alone with compute_us.

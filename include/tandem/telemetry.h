@@ -39,6 +39,10 @@ struct ExecutionEvent {
   double transfer_us = 0.0;  // measured when timed, else the estimate
   bool streamed = false;     // a weight streamed on the device's copy queue
   int segment_ops = 0;       // Segment events: ops in the segment (node/op: its first)
+  // Ops timed alone: the share of the work its shapes bound the op did (an attention over a
+  // cache longer than its positions read; CostModel::attention_work_scale), which the estimate
+  // and what the model learns from the op take into account.
+  double work_scale = 1.0;
 };
 
 struct BackendUsage {

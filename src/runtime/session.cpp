@@ -616,7 +616,7 @@ void Session::learn_from(const Graph& graph) {
     const int b = scheduler_->backend_index(e.backend);
     if (b == kNoBackend) continue;
     costs_.model.observe(graph, graph.node(e.node), e.backend,
-                         scheduler_->backends()[size_t(b)]->kind(), e.actual_us);
+                         scheduler_->backends()[size_t(b)]->kind(), e.actual_us, e.work_scale);
   }
   costs_.model.end_observations();
   events_learned_ = events.size();

@@ -260,8 +260,42 @@ double CostModel::learned_factor(const BackendProfile& profile, const OpKey& key
   return median(it->second.ratios);
 }
 
+namespace {
+
+OpWork scaled_work(const Graph& graph, const Node& node, double work_scale) {
+  OpWork w = op_work(graph, node);
+  if (work_scale > 0.0 && work_scale < 1.0) {
+    w.flops *= work_scale;
+    w.bytes *= work_scale;
+  }
+  return w;
+}
+
+}  // namespace
+
+double CostModel::compute_us_at(const Graph& graph, const Node& node, const BackendProfile& profile,
+                                double work_scale) {
+  if (!is_compute(node.op)) return 0.0;
+  const OpKey key = op_key(graph, node);
+  double us = calibrated_compute_us(scaled_work(graph, node, work_scale), key, profile);
+  if (!profile.learned.empty()) us *= learned_factor(profile, key, size_bucket(us));
+  return us;
+}
+
+double CostModel::attention_work_scale(const Graph& graph, const Node& node,
+                                       const int32_t* positions) {
+  if (node.op != OpKind::Attention || node.inputs.size() < 4 || !positions) return 1.0;
+  const int64_t C = graph.tensor(node.inputs[1]).ne[2];
+  const int64_t T = graph.tensor(node.inputs[3]).elements();
+  if (C <= 0 || T <= 0) return 1.0;
+  double keys = 0.0;
+  for (int64_t t = 0; t < T; ++t)
+    keys += double(std::clamp<int64_t>(int64_t(positions[t]) + 1, 1, C));
+  return keys / (double(T) * double(C));
+}
+
 void CostModel::observe(const Graph& graph, const Node& node, std::string_view backend_id,
-                        BackendKind kind, double actual_us) {
+                        BackendKind kind, double actual_us, double work_scale) {
   if (!is_compute(node.op) || !(actual_us > 0.0)) return;
   auto it = profiles_.find(backend_id);
   if (it == profiles_.end()) {
@@ -269,7 +303,7 @@ void CostModel::observe(const Graph& graph, const Node& node, std::string_view b
   }
   BackendProfile& p = it->second;
   const OpKey key = op_key(graph, node);
-  const double base = calibrated_compute_us(op_work(graph, node), key, p);
+  const double base = calibrated_compute_us(scaled_work(graph, node, work_scale), key, p);
   if (!(base > 0.0)) return;
   pending_[{it->first, {key, size_bucket(base)}}].push_back(actual_us / base);
 }

@@ -542,8 +542,9 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
       if (timing == TimingMode::PerOp) {
         for (size_t k = 0; k < step.count; ++k) {
           const double t0 = m.telemetry.now_us();
+          const NodeExecution& exec = plan.execs[step.index + k];
           backend.timer_start();
-          backend.execute(graph, plan.execs[step.index + k]);
+          backend.execute(graph, exec);
           const double us = backend.timer_stop_us();
           if (record) {
             TensorId id = plan.exec_id[step.index + k];
@@ -552,6 +553,17 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
             e.backend = backend.backend_id();
             e.reason = placement.at(id).reason.kind;
             e.estimated_us = placement.at(id).estimated_cost.compute_us;
+            // An attention's positions, where the host reads them, say how much of its cache
+            // it read.
+            if (exec.node->op == OpKind::Attention && backend.host_accessible() &&
+                exec.inputs.size() > 3) {
+              e.work_scale = CostModel::attention_work_scale(
+                  graph, *exec.node, static_cast<const int32_t*>(exec.inputs[3].data));
+              if (e.work_scale < 1.0) {
+                e.estimated_us = CostModel::compute_us_at(
+                    graph, *exec.node, m.profiles[size_t(step.backend)], e.work_scale);
+              }
+            }
             e.actual_us = us;
             events.push_back(std::move(e));
           }

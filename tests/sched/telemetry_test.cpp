@@ -1,10 +1,13 @@
 // Telemetry: summaries, the debug table (also with nothing recorded), and both exports parsed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "tandem/cost_model.h"
 #include "tandem/executor.h"
 #include "tandem/telemetry.h"
 #include "test_backends.h"
@@ -85,6 +88,57 @@ TEST(Telemetry, KeepsAtMostMaxEvents) {
   for (int i = 0; i < 5; ++i) t.record_execution(op("cpu", OpKind::Add, 1, 1));
   EXPECT_EQ(t.size(), 2u);
   EXPECT_EQ(t.dropped(), 3u);
+}
+
+// An attention timed alone over a cache of 64 positions at position 15 read a quarter of the
+// keys its estimate's bound counts: its event says so and its estimate is the cost model's at a
+// quarter of the work; what the model learns from it divides by that estimate.
+TEST(Telemetry, AnAttentionOpIsEstimatedAtThePositionsItRead) {
+  auto cpu = test::make_cpu();
+  auto sched = HybridScheduler::builder().with_backend(cpu).build();
+  ExecutorOptions opts;
+  opts.timing = TimingMode::PerOp;
+  HybridExecutor exec(sched, opts);
+  Graph g;
+  const TensorId att =
+      g.attention(g.input("q", DType::F32, {16, 2, 1}), g.kv_cache("k", DType::F32, {16, 2, 64}),
+                  g.kv_cache("v", DType::F32, {16, 2, 64}), g.input("pos", DType::I32, {1}), 0.25f);
+  g.mark_output(att);
+  std::vector<float> q(32, 0.5f), out(32);
+  const int32_t pos = 15;
+  auto placement = sched.plan(g);
+  exec.run(g, *placement,
+           Bindings()
+               .input("q", q.data(), 4 * q.size())
+               .input("pos", &pos, sizeof pos)
+               .output(att, out.data(), 4 * out.size()));
+  const auto events = exec.telemetry().get_telemetry();
+  const auto it = std::find_if(events.begin(), events.end(), [](const ExecutionEvent& e) {
+    return e.kind == EventKind::Op && e.op == OpKind::Attention;
+  });
+  ASSERT_NE(it, events.end());
+  EXPECT_DOUBLE_EQ(it->work_scale, 0.25);
+  const BackendProfile p = sched.cost_model().profile(*cpu);
+  EXPECT_DOUBLE_EQ(it->estimated_us, CostModel::compute_us_at(g, g.node(att), p, 0.25));
+  EXPECT_LT(it->estimated_us, placement->at(att).estimated_cost.compute_us);
+  // Two positions of one step: (1 + 64) keys of 2 x 64.
+  const int32_t two[] = {0, 200};
+  Graph g2;
+  const TensorId att2 = g2.attention(
+      g2.input("q", DType::F32, {16, 2, 2}), g2.kv_cache("k", DType::F32, {16, 2, 64}),
+      g2.kv_cache("v", DType::F32, {16, 2, 64}), g2.input("pos", DType::I32, {2}), 0.25f);
+  EXPECT_DOUBLE_EQ(CostModel::attention_work_scale(g2, g2.node(att2), two), 65.0 / 128.0);
+  // What the model learns: an actual time equal to the scaled estimate is a ratio of 1.
+  CostModel m;
+  m.set_profile("cpu", p);
+  for (int run = 0; run < 3; ++run) {
+    m.observe(g, g.node(att), "cpu", BackendKind::Cpu,
+              CostModel::compute_us_at(g, g.node(att), p, 0.25), 0.25);
+    m.end_observations();
+  }
+  const BackendProfile learned = m.profile("cpu", BackendKind::Cpu);
+  ASSERT_EQ(learned.learned.size(), 1u);
+  EXPECT_DOUBLE_EQ(learned.learned.begin()->second.ratios.back(), 1.0);
 }
 
 TEST(Telemetry, ExportsOfARealRunParse) {
