@@ -182,19 +182,38 @@ LoadedCostModel load_cost_model(std::span<const std::shared_ptr<Backend>> backen
   const bool named = !options.path.empty();
   const std::string path = named ? options.path : default_cost_profile_path(out.keys);
   std::error_code ec;
+  bool stale = false;
   if (named || fs::exists(path, ec)) {
     try {
-      apply_cost_profile(read_cost_profile(path), out.keys, path, out.model);
-      out.path = path;
-      out.measured = true;
+      const std::vector<CalibratedDevice> devices = read_cost_profile(path);
+      // A device calibrated before calibration timed ops inside a segment lacks those figures:
+      // the planner would price its ops at their times alone (an H100's 8B decode predicted at
+      // 145 t/s against 400). This machine's own profile is measured again; a named one is
+      // used as it is.
+      stale = !named && options.calibrate_if_missing &&
+              std::any_of(devices.begin(), devices.end(), [](const CalibratedDevice& d) {
+                return d.key.kind == "gpu" && d.profile.calibrated &&
+                       !(d.profile.segment_launch_us > 0.0);
+              });
+      if (!stale) {
+        apply_cost_profile(devices, out.keys, path, out.model);
+        out.path = path;
+        out.measured = true;
+        return out;
+      }
     } catch (const Error& e) {
       log << "warning: " << e.what() << "; using built-in device figures\n";
+      return out;
     }
-    return out;
   }
   if (!options.calibrate_if_missing) return out;
-  log << "calibrating this machine's devices for the cost model (first use, a few seconds; "
-         "`tandem calibrate` measures more) ...\n";
+  if (stale) {
+    log << "calibrating this machine's devices again for the cost model (" << path
+        << " has no figures for a GPU's ops inside a segment; a few seconds) ...\n";
+  } else {
+    log << "calibrating this machine's devices for the cost model (first use, a few seconds; "
+           "`tandem calibrate` measures more) ...\n";
+  }
   std::vector<CalibratedDevice> devices;
   CalibrationOptions quick;
   quick.quick = true;

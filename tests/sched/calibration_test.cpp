@@ -813,6 +813,40 @@ TEST(Calibration, ADeviceMeasuresWhatAProductSavesInsideASegment) {
   EXPECT_DOUBLE_EQ(CostModel::in_segment_us(7.0, p), 1.5);
 }
 
+// This machine's cached profile from before the segment figures: its GPU entry has none, so
+// run and bench calibrate again (and save it); the same file named with --cost-profile is used
+// as it is.
+TEST(Calibration, ACachedGpuProfileWithoutSegmentFiguresIsMeasuredAgain) {
+  TempDir dir;
+  CacheHome home(dir.path.string());
+  auto gpu = std::make_shared<test::TestBackend>(device_config({OpKind::Add}));
+  std::vector<std::shared_ptr<Backend>> backends{gpu};
+  CalibratedDevice old;
+  old.key = device_key(*gpu);
+  old.profile = CostModel::default_profile(BackendKind::Gpu);
+  old.profile.launch_us = 9.0;
+  old.profile.calibrated = true;
+  const std::vector<DeviceKey> keys{old.key};
+  const std::string cached = default_cost_profile_path(keys);
+  write_cost_profile(cached, std::vector<CalibratedDevice>{old});
+  std::ostringstream log;
+  LoadedCostModel loaded = load_cost_model(backends, CostProfileOptions{}, log);
+  EXPECT_NE(log.str().find("again"), std::string::npos) << log.str();
+  EXPECT_TRUE(loaded.measured);
+  EXPECT_GT(loaded.model.profile(*gpu).segment_launch_us, 0.0);
+  EXPECT_GT(read_cost_profile(cached).at(0).profile.segment_launch_us, 0.0);
+  // Named, the old file is used as it is.
+  const std::string named = dir.file("old.json");
+  write_cost_profile(named, std::vector<CalibratedDevice>{old});
+  CostProfileOptions options;
+  options.path = named;
+  log.str("");
+  loaded = load_cost_model(backends, options, log);
+  EXPECT_EQ(log.str(), "");
+  EXPECT_DOUBLE_EQ(loaded.model.profile(*gpu).launch_us, 9.0);
+  EXPECT_DOUBLE_EQ(loaded.model.profile(*gpu).segment_launch_us, 0.0);
+}
+
 TEST(Calibration, EstimateReportFlagsStrayOpTypes) {
   std::vector<ExecutionEvent> events;
   auto op = [&](OpKind k, double est, double act) {
