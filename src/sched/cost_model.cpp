@@ -118,11 +118,7 @@ OpCost CostModel::estimate(const Graph& graph, const Node& node, const BackendPr
                            double weight_runs) {
   OpCost cost;
   if (!is_compute(node.op)) return cost;
-  const OpWork w = op_work(graph, node);
-  const OpKey key = op_key(graph, node);
-  cost.compute_us = calibrated_compute_us(w, key, profile);
-  if (!profile.learned.empty())
-    cost.compute_us *= learned_factor(profile, key, size_bucket(cost.compute_us));
+  cost.compute_us = compute_us_at(graph, node, profile, 1.0);
 
   TensorId seen[8];
   size_t n_seen = 0;

@@ -55,7 +55,6 @@ class ExecutionSearch {
       st.alone_us.resize(nb_);
       for (size_t b = 0; b < nb_; ++b) {
         st.ok[b] = c.backends[b]->check(g, n).ok();
-        // A device runs its ops in segments, where an op's launch overlaps the op before.
         // A device runs its ops in segments, where an op's launch overlaps the op before; the
         // op that starts a segment (its input just moved there) pays its time alone.
         st.alone_us[b] = CostModel::estimate(g, n, c.profiles[b]).compute_us;

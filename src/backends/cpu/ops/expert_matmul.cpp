@@ -153,26 +153,32 @@ void quantized_experts(const OpContext& ctx, const TensorDesc& a, const uint8_t*
                         });
 }
 
+// The node's expert ids, every one checked against the experts it has (the ids are data).
+const int32_t* checked_ids(const NodeExecution& e) {
+  const auto* ids = static_cast<const int32_t*>(e.inputs[2].data);
+  const int64_t n_expert = e.inputs[0].desc->ne[2];
+  for (int64_t j = 0; j < e.inputs[2].desc->elements(); ++j) {
+    if (ids[j] < 0 || ids[j] >= n_expert) {
+      throw_error(ErrorCode::InvalidArgument, "cpu expert_matmul",
+                  "expert id " + std::to_string(ids[j]) + " is not in [0, " +
+                      std::to_string(n_expert) + ")");
+    }
+  }
+  return ids;
+}
+
 void run_expert_matmul(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc &a = *e.inputs[0].desc, &b = *e.inputs[1].desc, &id = *e.inputs[2].desc;
   const auto* abase = static_cast<const uint8_t*>(e.inputs[0].data);
   const auto* bdata = static_cast<const float*>(e.inputs[1].data);
-  const auto* ids = static_cast<const int32_t*>(e.inputs[2].data);
+  const int32_t* ids = checked_ids(e);
   auto* out = static_cast<float*>(e.output.data);
   const int64_t K = a.ne[0], M = a.ne[1], n_expert = a.ne[2], k = id.ne[0], T = id.ne[1];
   const int64_t pairs = k * T;
 
   // Pairs sorted by expert (counting sort, stable: token order within an expert).
   std::vector<int64_t> first(static_cast<size_t>(n_expert + 1), 0);
-  for (int64_t p = 0; p < pairs; ++p) {
-    const int32_t x = ids[p];
-    if (x < 0 || x >= n_expert) {
-      throw_error(
-          ErrorCode::InvalidArgument, "cpu expert_matmul",
-          "expert id " + std::to_string(x) + " is not in [0, " + std::to_string(n_expert) + ")");
-    }
-    ++first[size_t(x) + 1];
-  }
+  for (int64_t p = 0; p < pairs; ++p) ++first[size_t(ids[p]) + 1];
   for (int64_t x = 0; x < n_expert; ++x) first[size_t(x + 1)] += first[size_t(x)];
   std::vector<int64_t> order(static_cast<size_t>(pairs)), next(first.begin(), first.end() - 1);
   for (int64_t p = 0; p < pairs; ++p) order[size_t(next[size_t(ids[p])]++)] = p;
@@ -245,36 +251,6 @@ bool disjoint_or_same(const TensorRef& x, const TensorRef& y) {
   return !overlaps(x, y) || (x.data == y.data && x.desc->bytes() == y.desc->bytes());
 }
 
-// The token's columns quantized to 8 bits on the calling thread (one column of the hidden size,
-// or k of the expert width: a few microseconds, less than a dispatch).
-QuantizedActivations quantize_token(const Kernels& kern, const float* b, int64_t K,
-                                    int64_t columns) {
-  thread_local ExpertScratch tls;
-  ExpertScratch& s = tls;
-  const int64_t nb = K / kQuantBlock;
-  s.qs.resize(size_t(columns * K));
-  s.d.resize(size_t(columns * nb));
-  s.bias.resize(size_t(columns * nb * kBiasLanes));
-  for (int64_t c = 0; c < columns; ++c) {
-    kern.quantize_activations(b + c * K, K, s.qs.data() + c * K, s.d.data() + c * nb,
-                              s.bias.data() + c * nb * kBiasLanes);
-  }
-  return {s.qs.data(), s.d.data(), s.bias.data(), K};
-}
-
-const int32_t* checked_ids(const NodeExecution& e) {
-  const auto* ids = static_cast<const int32_t*>(e.inputs[2].data);
-  const int64_t n_expert = e.inputs[0].desc->ne[2];
-  for (int64_t j = 0; j < e.inputs[2].desc->ne[0]; ++j) {
-    if (ids[j] < 0 || ids[j] >= n_expert) {
-      throw_error(ErrorCode::InvalidArgument, "cpu expert_matmul",
-                  "expert id " + std::to_string(ids[j]) + " is not in [0, " +
-                      std::to_string(n_expert) + ")");
-    }
-  }
-  return ids;
-}
-
 // Gate and up (and their SwiGLU): every item multiplies kGroupItemRows rows of one chosen
 // expert's gate and up matrices with the token's column.
 void gate_up_group(const OpContext& ctx, std::span<const NodeExecution> group) {
@@ -283,7 +259,7 @@ void gate_up_group(const OpContext& ctx, std::span<const NodeExecution> group) {
   const int64_t K = a.ne[0], M = a.ne[1], k = g.inputs[2].desc->ne[0];
   const int32_t* ids = checked_ids(g);
   const QuantizedActivations act =
-      quantize_token(ctx.k, static_cast<const float*>(g.inputs[1].data), K, 1);
+      quantize_columns(ctx, static_cast<const float*>(g.inputs[1].data), K, 1);
   const auto tile = quantized_tile(ctx.k, a.dtype);
   const auto* wg = static_cast<const uint8_t*>(g.inputs[0].data);
   const auto* wu = static_cast<const uint8_t*>(u.inputs[0].data);
@@ -319,7 +295,7 @@ void down_combine_group(const OpContext& ctx, std::span<const NodeExecution> gro
   const int64_t K = a.ne[0], M = a.ne[1], k = d.inputs[2].desc->ne[0];
   const int32_t* ids = checked_ids(d);
   const QuantizedActivations act =
-      quantize_token(ctx.k, static_cast<const float*>(d.inputs[1].data), K, k);
+      quantize_columns(ctx, static_cast<const float*>(d.inputs[1].data), K, k);
   const std::vector<float> weights(static_cast<const float*>(c.inputs[1].data),
                                    static_cast<const float*>(c.inputs[1].data) + k);
   const auto tile = quantized_tile(ctx.k, a.dtype);

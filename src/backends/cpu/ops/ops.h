@@ -67,6 +67,9 @@ void expert_group(const OpContext& ctx, std::span<const NodeExecution> group);
 // Whether two tensors' bytes share memory.
 bool overlaps(const TensorRef& x, const TensorRef& y);
 
+// b's N columns of K values quantized to 8 bits over the pool (on the caller alone when they
+// are one task), into the calling thread's scratch (valid until its next call on this thread).
+QuantizedActivations quantize_columns(const OpContext& ctx, const float* b, int64_t K, int64_t N);
 // AMX tiles (OpContext::amx) pay off for quantized products from one full 16-column tile.
 inline constexpr int64_t kAmxMinCols = 16;
 

@@ -67,8 +67,9 @@ struct ActivationScratch {
   std::vector<float> d;
   std::vector<int32_t> bias;
 };
-// b's N columns of K values quantized to 8 bits over the pool, into the calling thread's scratch
-// (valid until its next call on this thread).
+
+}  // namespace
+
 QuantizedActivations quantize_columns(const OpContext& ctx, const float* b, int64_t K, int64_t N) {
   thread_local ActivationScratch tls_scratch;
   ActivationScratch& scratch = tls_scratch;  // the caller's, also inside worker tasks
@@ -86,6 +87,8 @@ QuantizedActivations quantize_columns(const OpContext& ctx, const float* b, int6
                         });
   return {scratch.qs.data(), scratch.d.data(), scratch.bias.data(), K};
 }
+
+namespace {
 
 // out (M x N) = w (M rows of wrb bytes) times the quantized activations, tile by tile over the
 // pool, rows claimed by the threads as they go.
