@@ -355,8 +355,11 @@ class Calibrator {
     measure_elementwise();
     if (b_.kind() == BackendKind::Gpu) measure_link();
     if (!b_.host_accessible()) {
-      measure_segment_launch();
-      measure_segment_saving();
+      const detail::SegmentFigures seg = detail::measure_segments(b_, budget_.reps, rng_);
+      profile_.segment_launch_us = std::min(seg.per_op_us, profile_.launch_us);
+      profile_.segment_saving_us = seg.saving_us;
+      say("segments: " + std::to_string(profile_.segment_launch_us) + " us an op, " +
+          std::to_string(profile_.segment_saving_us) + " us saved by a product");
       // Again after the device has worked for a second: the first calibration on an H100 that
       // had stood idle read the launch at 12.96 us, the next three 6.2-7.5 us, and one-token
       // ops timed in a run take 7.6-9 us (2026-11-27). A device's launch is what it costs once
@@ -543,94 +546,6 @@ class Calibrator {
     std::sort(samples.begin(), samples.end(), [](const OpSample& a, const OpSample& b) {
       return a.flops + a.bytes < b.flops + b.bytes;
     });
-  }
-
-  // Every tensor of g in the device's memory (inputs and weights filled, outputs allocated) and
-  // the executions of its ops in order; false when the device cannot run one or has no room.
-  bool segment_in_memory(const Graph& g, std::map<TensorId, Buffer>& buffers,
-                         std::vector<NodeExecution>& execs) {
-    try {
-      for (const Node& n : g.nodes()) {
-        if (is_compute(n.op) && !b_.can_execute(g, n)) return false;
-        buffers[n.id] = is_compute(n.op) ? b_.allocate(g.tensor(n.id).bytes())
-                                         : buffer_with_data(b_, g.tensor(n.id), 0, 0, rng_);
-      }
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::OutOfMemory) throw;
-      return false;
-    }
-    for (const Node& n : g.nodes()) {
-      if (!is_compute(n.op)) continue;
-      execs.push_back(execution_of(g, n, [&](TensorId id) { return buffers.at(id).data(); }));
-    }
-    return true;
-  }
-
-  // A device's cost per op inside one segment (a CUDA graph replayed): kSegmentOps chained
-  // 16-element adds through execute_segment, after two untimed runs (the first captures it).
-  // Ops timed alone pay the launch each: an H100 ran the 1B's decode step in 854 us where its
-  // ops alone summed to 3.1 ms, ~8 us an op more (2026-11-27).
-  void measure_segment_launch() {
-    constexpr int kSegmentOps = 64;
-    Graph g;
-    const TensorId y = g.input("y", DType::F32, {16});
-    TensorId cur = g.input("x", DType::F32, {16});
-    for (int i = 0; i < kSegmentOps; ++i) cur = g.add(cur, y);
-    std::map<TensorId, Buffer> buffers;
-    std::vector<NodeExecution> execs;
-    if (!segment_in_memory(g, buffers, execs)) return;
-    constexpr uint64_t kSignature = 0x5e9e5e9e5e9e5e9eull;
-    for (int warm = 0; warm < 2; ++warm) b_.execute_segment(g, execs, kSignature);
-    b_.synchronize();
-    std::vector<double> times;
-    for (int r = 0; r < budget_.reps; ++r) {
-      b_.timer_start();
-      b_.execute_segment(g, execs, kSignature);
-      times.push_back(b_.timer_stop_us());
-    }
-    profile_.segment_launch_us =
-        std::min(median(std::move(times)) / kSegmentOps, profile_.launch_us);
-    say("segment launch " + std::to_string(profile_.segment_launch_us) + " us");
-  }
-
-  // What a one-token product saves inside a segment against its time alone: kProducts Q4_0
-  // products of 4096 x 4096 in a row, each on its own 9 MB of weights (151 MB in all, past a
-  // GPU's L2), timed alone in turn and then as one segment. Alone each pays its launch and the
-  // latency of its first loads; in a segment the next one's loads start while the one before
-  // finishes (an H100's 8B decode step ran in 2.5 ms where its ops alone summed to 6.9 ms).
-  void measure_segment_saving() {
-    constexpr int kProducts = 16;
-    constexpr int64_t kDim = 4096;
-    Graph g;
-    TensorId cur = g.input("x", DType::F32, {kDim, 1});
-    for (int i = 0; i < kProducts; ++i)
-      cur = g.matmul(g.weight("w" + std::to_string(i), DType::Q4_0, {kDim, kDim}), cur);
-    std::map<TensorId, Buffer> buffers;
-    std::vector<NodeExecution> execs;
-    if (!segment_in_memory(g, buffers, execs)) return;
-    for (const NodeExecution& e : execs) b_.execute(g, e);  // warm-up
-    std::vector<std::vector<double>> alone(execs.size());
-    for (int r = 0; r < budget_.reps; ++r) {
-      for (size_t i = 0; i < execs.size(); ++i) {
-        b_.timer_start();
-        b_.execute(g, execs[i]);
-        alone[i].push_back(b_.timer_stop_us());
-      }
-    }
-    constexpr uint64_t kSignature = 0x5e9e5a7e5e9e5a7eull;
-    for (int warm = 0; warm < 2; ++warm) b_.execute_segment(g, execs, kSignature);
-    b_.synchronize();
-    std::vector<double> together;
-    for (int r = 0; r < budget_.reps; ++r) {
-      b_.timer_start();
-      b_.execute_segment(g, execs, kSignature);
-      together.push_back(b_.timer_stop_us());
-    }
-    double sum_alone = 0.0;
-    for (auto& t : alone) sum_alone += median(std::move(t));
-    profile_.segment_saving_us =
-        std::max((sum_alone - median(std::move(together))) / kProducts, 0.0);
-    say("segment saving " + std::to_string(profile_.segment_saving_us) + " us an op");
   }
 
   void measure_launch() {

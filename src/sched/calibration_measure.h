@@ -1,5 +1,5 @@
-// Internal: what calibration's isolated measurements (calibration.cpp) and its decode layer run in
-// place (calibration_decode.cpp) share.
+// Internal: what calibration's isolated measurements (calibration.cpp), its decode layer run in
+// place (calibration_decode.cpp) and its device segments (calibration_segment.cpp) share.
 #pragma once
 
 #include <chrono>
@@ -61,5 +61,16 @@ std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const D
                                                              const std::function<void()>& lead_in,
                                                              SplitMix64& rng,
                                                              CalibrationSpent& spent);
+
+// A device's ops inside one segment (execute_segment: a CUDA graph replayed, each kernel's start
+// overlapping the one before), `reps` timed runs of each after two untimed ones: per_op_us, an
+// op's cost among 64 chained 16-element adds; saving_us, what a one-token Q4_0 product of
+// 4096 x 4096 saves there against its time alone (16 in a row, each on its own weights). 0
+// where the device cannot run them or has no room.
+struct SegmentFigures {
+  double per_op_us = 0.0;
+  double saving_us = 0.0;
+};
+SegmentFigures measure_segments(Backend& b, int reps, SplitMix64& rng);
 
 }  // namespace tandem::detail

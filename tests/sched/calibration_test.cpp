@@ -706,120 +706,17 @@ TEST(Calibration, DeviceLinkIsFittedEachWayAndOnlyDeclaredOpsAreTimed) {
   EXPECT_FALSE(key.device.empty());
 }
 
-// A host-memory stand-in for a device ("cuda:7") declaring the reference's rows of `ops` (Q4_0
-// weights alone for QuantizedMatMul).
-test::TestBackend::Config device_config(std::initializer_list<OpKind> ops) {
-  test::TestBackend::Config c;
-  c.id = "cuda:7";
-  c.kind = BackendKind::Gpu;
-  c.host_accessible = false;
-  c.capabilities.clear();  // the default declares every reference row
-  for (const OpCapability& cap : ReferenceBackend::reference_capabilities()) {
-    if (std::find(ops.begin(), ops.end(), cap.op) == ops.end()) continue;
-    if (cap.op == OpKind::QuantizedMatMul && (cap.dtypes.empty() || cap.dtypes[0] != DType::Q4_0))
-      continue;
-    c.capabilities.push_back(cap);
-  }
-  return c;
-}
-
-// A device read slow while it warms up: the first 40 timings (the launch's, which come first)
-// read 13 us, every later one 7 us. The launch is timed again at the end and the lower reading
-// kept: the first calibration on an H100 that had stood idle read 12.96 us, the next three
-// 6.2-7.5 us.
-TEST(Calibration, ADeviceLaunchIsTimedAgainOnceTheDeviceHasWorked) {
-  class WarmingGpu : public test::TestBackend {
-   public:
-    explicit WarmingGpu(Config c) : TestBackend(std::move(c)) {}
-    void timer_start() override {}
-    double timer_stop_us() override { return ++timed_ <= 40 ? 13.0 : 7.0; }
-    int timed_ = 0;
-  };
-  const test::TestBackend::Config c = device_config({OpKind::Add});
-  WarmingGpu gpu(c);
-  CalibrationOptions quick;
-  quick.quick = true;
-  const BackendProfile p = calibrate_backend(gpu, quick);
-  EXPECT_GT(gpu.timed_, 40);
-  EXPECT_DOUBLE_EQ(p.launch_us, 7.0);
-}
-
-// A device's ops in one segment: the timer reads the whole segment of 64 adds as 96 us (1.5 us
-// an op) where one add alone reads 7 us, so an op in a segment costs its estimate less 5.5 us,
-// never less than 1.5; without the figure an op costs its estimate.
-TEST(Calibration, ADeviceSegmentsOpsAtTheirCostInsideOne) {
-  class SegmentGpu : public test::TestBackend {
-   public:
-    explicit SegmentGpu(Config c) : TestBackend(std::move(c)) {}
-    void execute_segment(const Graph& graph, std::span<const NodeExecution> segment,
-                         uint64_t signature) override {
-      in_segment_ = true;
-      TestBackend::execute_segment(graph, segment, signature);
-      in_segment_ = false;
-      segment_ops_ = segment.size();
-    }
-    void timer_start() override { segment_ops_ = 0; }
-    double timer_stop_us() override { return segment_ops_ > 0 ? 1.5 * double(segment_ops_) : 7.0; }
-    bool in_segment_ = false;
-    size_t segment_ops_ = 0;
-  };
-  const test::TestBackend::Config c = device_config({OpKind::Add});
-  SegmentGpu gpu(c);
-  CalibrationOptions quick;
-  quick.quick = true;
-  const BackendProfile p = calibrate_backend(gpu, quick);
-  EXPECT_DOUBLE_EQ(p.launch_us, 7.0);
-  EXPECT_DOUBLE_EQ(p.segment_launch_us, 1.5);
-  EXPECT_DOUBLE_EQ(CostModel::in_segment_us(20.0, p), 14.5);
-  EXPECT_DOUBLE_EQ(CostModel::in_segment_us(7.5, p), 2.0);
-  EXPECT_DOUBLE_EQ(CostModel::in_segment_us(3.0, p), 1.5);
-  BackendProfile host = p;
-  host.segment_launch_us = 0.0;  // not measured: ops cost their estimates
-  EXPECT_DOUBLE_EQ(CostModel::in_segment_us(20.0, host), 20.0);
-}
-
-// One-token products in a segment: alone each reads 20 us, sixteen in one segment 192 us, so
-// an op saves 8 us there (more than the launch less the tiny ops' 1.5 us).
-TEST(Calibration, ADeviceMeasuresWhatAProductSavesInsideASegment) {
-  class ProductGpu : public test::TestBackend {
-   public:
-    explicit ProductGpu(Config c) : TestBackend(std::move(c)) {}
-    void execute(const Graph& graph, const NodeExecution& exec) override {
-      last_op_ = exec.node->op;
-      if (exec.node->op != OpKind::QuantizedMatMul) TestBackend::execute(graph, exec);
-    }
-    void execute_segment(const Graph& graph, std::span<const NodeExecution> segment,
-                         uint64_t signature) override {
-      TestBackend::execute_segment(graph, segment, signature);
-      segment_ops_ = segment.size();
-    }
-    void timer_start() override { segment_ops_ = 0; }
-    double timer_stop_us() override {
-      const bool product = last_op_ == OpKind::QuantizedMatMul;
-      if (segment_ops_ > 0) return (product ? 12.0 : 1.5) * double(segment_ops_);
-      return product ? 20.0 : 7.0;
-    }
-    OpKind last_op_ = OpKind::Add;
-    size_t segment_ops_ = 0;
-  };
-  const test::TestBackend::Config c = device_config({OpKind::Add, OpKind::QuantizedMatMul});
-  ProductGpu gpu(c);
-  CalibrationOptions quick;
-  quick.quick = true;
-  const BackendProfile p = calibrate_backend(gpu, quick);
-  EXPECT_DOUBLE_EQ(p.segment_launch_us, 1.5);
-  EXPECT_DOUBLE_EQ(p.segment_saving_us, 8.0);
-  EXPECT_DOUBLE_EQ(CostModel::in_segment_us(30.0, p), 22.0);
-  EXPECT_DOUBLE_EQ(CostModel::in_segment_us(7.0, p), 1.5);
-}
-
 // This machine's cached profile from before the segment figures: its GPU entry has none, so
 // run and bench calibrate again (and save it); the same file named with --cost-profile is used
 // as it is.
 TEST(Calibration, ACachedGpuProfileWithoutSegmentFiguresIsMeasuredAgain) {
   TempDir dir;
   CacheHome home(dir.path.string());
-  auto gpu = std::make_shared<test::TestBackend>(device_config({OpKind::Add}));
+  std::vector<OpCapability> adds;  // enough for the segment figures
+  for (const OpCapability& c : ReferenceBackend::reference_capabilities()) {
+    if (c.op == OpKind::Add) adds.push_back(c);
+  }
+  auto gpu = test::make_gpu("cuda:7", adds);
   std::vector<std::shared_ptr<Backend>> backends{gpu};
   CalibratedDevice old;
   old.key = device_key(*gpu);
