@@ -136,6 +136,18 @@ class Backend {
   static constexpr int kStreamEvents = 256;
   virtual void stream_from_host(void* device_dst, const void* host_src, size_t bytes, int event);
   virtual void wait_stream_event(int event);
+  // A streamed expert tensor (n_expert experts of expert_bytes each, expert e at e *
+  // expert_bytes) whose reader uses only the experts named in `ids` (n_ids int32 values in this
+  // device's memory, written by execution work submitted before): copies, on the copy queue
+  // after that work, each named expert whose used[e] is 0 (the executor streamed those with a
+  // nonzero entry ahead of the router, as stream_from_host), then sets used[e] to 0 for an expert
+  // not named, 1 for one named and copied ahead, 2 for one named and copied here; signals
+  // `event`. `used` (n_expert bytes) is page-locked host memory from allocate_host where this
+  // device gave any: the device writes it; the host reads it once the device has synchronized.
+  // The default waits for the device, reads the ids and copies with copy_from_host.
+  virtual void stream_routed_experts(void* device_dst, const void* host_src, size_t expert_bytes,
+                                     int n_expert, const int32_t* ids, size_t n_ids, uint8_t* used,
+                                     int event);
   // Host memory this device will stream from every run (a weight in a mapped model file): the
   // device may keep it page-locked so copies run at full link speed. False where it does not;
   // streaming then still works, slower.

@@ -39,6 +39,11 @@ struct ExecutorOptions {
   bool record_events = true;    // one ExecutionEvent per op and transfer (untimed when Off)
   size_t max_cached_plans = 8;  // execution plans (and their arenas) kept, least recent evicted
   size_t max_events = kDefaultMaxEvents;
+  // A streamed expert tensor (an ExpertMatMul's only read of it) is copied by expert: ahead of
+  // its router, the experts the previous run of the plan used; after it, those its ids name and
+  // the first did not copy (Backend::stream_routed_experts). False: the whole tensor, ahead.
+  // The environment's TANDEM_ROUTED_EXPERTS=0 sets it false (for measuring).
+  bool routed_expert_copies = true;
 };
 
 // Host memory for one run. Inputs and outputs are per run; weights given here are registered

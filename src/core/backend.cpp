@@ -4,6 +4,7 @@
 #include <chrono>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tandem/error.h"
 
@@ -171,6 +172,25 @@ void Backend::stream_from_host(void* device_dst, const void* host_src, size_t by
 }
 
 void Backend::wait_stream_event(int /*event*/) {}
+
+void Backend::stream_routed_experts(void* device_dst, const void* host_src, size_t expert_bytes,
+                                    int n_expert, const int32_t* ids, size_t n_ids, uint8_t* used,
+                                    int /*event*/) {
+  synchronize();
+  std::vector<int32_t> routed(n_ids);
+  if (n_ids > 0) copy_to_host(routed.data(), ids, n_ids * sizeof(int32_t));
+  std::vector<uint8_t> named(size_t(std::max(n_expert, 0)), 0);
+  for (int32_t e : routed) {
+    if (e >= 0 && e < n_expert) named[size_t(e)] = 1;
+  }
+  for (size_t e = 0; e < named.size(); ++e) {
+    if (named[e] && used[e] == 0) {
+      copy_from_host(static_cast<uint8_t*>(device_dst) + e * expert_bytes,
+                     static_cast<const uint8_t*>(host_src) + e * expert_bytes, expert_bytes);
+    }
+    used[e] = named[e] ? (used[e] != 0 ? 1 : 2) : 0;
+  }
+}
 
 bool Backend::prepare_stream_source(const void* /*data*/, size_t /*bytes*/) {
   return false;

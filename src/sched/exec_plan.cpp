@@ -36,7 +36,11 @@ void schedule_streamed_copies(ExecPlan& plan, const std::vector<size_t>& staging
   int seen = -1;
   for (size_t j = 0; j < plan.steps.size(); ++j) {
     const Step& st = plan.steps[j];
-    if (st.kind == StepKind::Wait) wait_step[st.index] = j;
+    // A copy by expert is read from its Route step on: the Stream step goes before it.
+    if (st.kind == StepKind::Route ||
+        (st.kind == StepKind::Wait && plan.streamed[st.index].n_expert == 0)) {
+      wait_step[st.index] = j;
+    }
     if (st.kind == StepKind::Segment) {
       seen = std::max(seen, int(plan.exec_id[st.index + st.count - 1]));
     }
@@ -384,7 +388,12 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
       plan->steps.push_back({StepKind::Transfer, t, 0, plan->transfers[t].dst_backend, 0});
     }
     pending.clear();
-    for (size_t w : waits) plan->steps.push_back({StepKind::Wait, w, 0, seg_backend, 0});
+    for (size_t w : waits) {
+      if (plan->streamed[w].n_expert > 0) {
+        plan->steps.push_back({StepKind::Route, w, 0, seg_backend, 0});
+      }
+      plan->steps.push_back({StepKind::Wait, w, 0, seg_backend, 0});
+    }
     waits.clear();
     Step s{StepKind::Segment, seg_first, plan->execs.size() - seg_first, seg_backend, 0};
     s.signature = hash_combine(hash_combine(plan->key, serial), plan->steps.size());
@@ -495,12 +504,36 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     NodeExecution ex;
     ex.node = &node;
     std::vector<PtrRef> ins;
+    const size_t streamed_before = plan->streamed.size();
     for (TensorId in : node.inputs) {
       const TensorId s = graph.storage_of(in);
       PtrRef r = ensure_on(s, b, node.id);
       r.offset += size_t(graph.tensor(in).view_offset);
       ins.push_back(r);
       ex.inputs.push_back({&graph.tensor(in), nullptr});
+    }
+    if (node.op == OpKind::ExpertMatMul && options.routed_expert_copies) {
+      // The expert tensor streamed for this product alone: copied by expert.
+      const TensorDesc& a = graph.tensor(node.inputs[0]);
+      const TensorId s = graph.storage_of(node.inputs[0]);
+      for (size_t k = streamed_before; k < plan->streamed.size(); ++k) {
+        StreamedCopy& c = plan->streamed[k];
+        if (c.storage != s || s != node.inputs[0]) continue;
+        bool only_reader = true;
+        for (const Node& other : graph.nodes()) {
+          if (other.id == node.id) continue;
+          for (TensorId in : other.inputs) only_reader = only_reader && graph.storage_of(in) != s;
+        }
+        if (!only_reader) continue;
+        if (!a.is_contiguous() || a.ne[3] != 1 || a.ne[2] < 1 ||
+            size_t(a.nb[2]) * size_t(a.ne[2]) != c.bytes) {
+          continue;
+        }
+        c.n_expert = int(a.ne[2]);
+        c.expert_bytes = size_t(a.nb[2]);
+        c.ids = ins[2];
+        c.n_ids = size_t(graph.tensor(node.inputs[2]).elements());
+      }
     }
     PtrRef out;
     if (node.op == OpKind::KvWrite) {
@@ -610,8 +643,34 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     t.src_ptr = t.src_group == kUserInput ? nullptr : resolve(t.src);
     t.dst_ptr = resolve(t.dst);
   }
+  // Every expert is copied ahead in a plan's first run (its flags all 1).
+  size_t flags = 0;
+  int flag_backend = -1;
+  for (StreamedCopy& c : plan->streamed) {
+    if (c.n_expert == 0) continue;
+    c.used_offset = flags;
+    flags += size_t(c.n_expert);
+    flag_backend = c.backend;
+  }
+  if (flags > 0) {
+    try {
+      plan->expert_flags = backends[size_t(flag_backend)]->allocate_host(flags);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::OutOfMemory) throw;
+    }
+    uint8_t* base = static_cast<uint8_t*>(plan->expert_flags.data());
+    if (!base) {
+      plan->expert_flags_plain.assign(flags, 1);
+      base = plan->expert_flags_plain.data();
+    }
+    std::memset(base, 1, flags);
+    for (StreamedCopy& c : plan->streamed) {
+      if (c.n_expert > 0) c.used = base + c.used_offset;
+    }
+  }
   for (StreamedCopy& c : plan->streamed) {
     c.dst_ptr = resolve(PtrRef{c.slot, nullptr, 0});
+    c.ids_ptr = static_cast<const int32_t*>(resolve(c.ids));
     WeightEntry& w = weights.at(graph.tensor(c.storage).name);
     if (!w.streamed[size_t(c.backend)]) {
       w.streamed[size_t(c.backend)] = true;

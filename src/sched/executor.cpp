@@ -1,8 +1,11 @@
 #include "tandem/executor.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "executor_impl.h"
 #include "tandem/error.h"
@@ -37,6 +40,9 @@ Bindings& Bindings::output(TensorId id, void* data, size_t bytes) {
 HybridExecutor::Impl::Impl(std::vector<std::shared_ptr<Backend>> b, const CostModel& model,
                            ExecutorOptions o)
     : backends(std::move(b)), options(o), telemetry(o.max_events) {
+  if (const char* env = std::getenv("TANDEM_ROUTED_EXPERTS"); env && std::string(env) == "0") {
+    options.routed_expert_copies = false;
+  }
   TANDEM_CHECK_ARG(!backends.empty(), "executor", "needs at least one backend");
   TANDEM_CHECK_ARG(backends.size() <= 63, "executor", "at most 63 backends");
   group_backend.push_back(-1);
@@ -416,6 +422,11 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
   };
   const double run_start = m.telemetry.now_us();
   size_t transfer_bytes = 0, transfers = 0, peer_transfers = 0, streamed_bytes = 0;
+  struct Routed {
+    size_t copy = 0;
+    size_t event = 0;  // SIZE_MAX: none recorded
+  };
+  std::vector<Routed> routed;  // the run's Route steps
   // TimingMode::Timeline: device marks around each segment and after each streamed copy, read
   // once everything has finished. `event` indexes the ExecutionEvent the marks fill in.
   const bool timeline = timing == TimingMode::Timeline && record;
@@ -454,11 +465,31 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
         active = c.backend;
         const double t0 = record ? m.telemetry.now_us() : 0.0;
         const int waited = timeline ? dst.timeline_mark(false) : 0;
-        dst.stream_from_host(c.dst_ptr, c.host, c.bytes, c.event);
+        size_t bytes = c.bytes;
+        if (c.n_expert == 0) {
+          dst.stream_from_host(c.dst_ptr, c.host, c.bytes, c.event);
+        } else {
+          // The experts the previous run used, in runs of neighbours; the rest once routed.
+          bytes = 0;
+          const size_t eb = c.expert_bytes;
+          for (size_t e = 0; e < size_t(c.n_expert);) {
+            if (c.used[e] == 0) {
+              ++e;
+              continue;
+            }
+            size_t end = e + 1;
+            while (end < size_t(c.n_expert) && c.used[end] != 0) ++end;
+            dst.stream_from_host(static_cast<uint8_t*>(c.dst_ptr) + e * eb,
+                                 static_cast<const uint8_t*>(c.host) + e * eb, (end - e) * eb,
+                                 c.event);
+            bytes += (end - e) * eb;
+            e = end;
+          }
+        }
         if (timeline)
           copy_marks.push_back({c.backend, waited, dst.timeline_mark(true), events.size()});
         dirty[size_t(c.backend)] = true;
-        streamed_bytes += c.bytes;
+        streamed_bytes += bytes;
         if (record) {
           ExecutionEvent e = op_event(graph, c.storage);
           e.kind = EventKind::Transfer;
@@ -466,10 +497,33 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
           e.timestamp_us = t0;
           e.backend = dst.backend_id();
           e.source_backend = "host";
-          e.transfer_bytes = c.bytes;
-          e.estimated_us = CostModel::stream_us(c.bytes, m.profiles[size_t(c.backend)].link);
+          e.transfer_bytes = bytes;
+          e.estimated_us = CostModel::stream_us(bytes, m.profiles[size_t(c.backend)].link);
           e.transfer_us = e.estimated_us;
           events.push_back(std::move(e));
+        }
+        continue;
+      }
+      if (step.kind == StepKind::Route) {
+        const StreamedCopy& c = plan.streamed[step.index];
+        Backend& dst = *m.backends[size_t(c.backend)];
+        active = c.backend;
+        const double t0 = record ? m.telemetry.now_us() : 0.0;
+        const int waited = timeline ? dst.timeline_mark(false) : 0;
+        dst.stream_routed_experts(c.dst_ptr, c.host, c.expert_bytes, c.n_expert, c.ids_ptr, c.n_ids,
+                                  c.used, c.event);
+        if (timeline)
+          copy_marks.push_back({c.backend, waited, dst.timeline_mark(true), events.size()});
+        dirty[size_t(c.backend)] = true;
+        routed.push_back({step.index, record ? events.size() : SIZE_MAX});
+        if (record) {
+          ExecutionEvent e = op_event(graph, c.storage);
+          e.kind = EventKind::Transfer;
+          e.streamed = true;
+          e.timestamp_us = t0;
+          e.backend = dst.backend_id();
+          e.source_backend = "host";
+          events.push_back(std::move(e));  // its bytes once the device has written them
         }
         continue;
       }
@@ -623,6 +677,18 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
       if (plan.backend_used[b] || dirty[b]) m.backends[b]->synchronize();
     }
     active = -1;
+    // What each Route step copied (2 in its flags), now that the devices are done.
+    for (const Routed& r : routed) {
+      const StreamedCopy& c = plan.streamed[r.copy];
+      size_t n = 0;
+      for (int e = 0; e < c.n_expert; ++e) n += c.used[e] == 2;
+      streamed_bytes += n * c.expert_bytes;
+      if (r.event == SIZE_MAX) continue;
+      ExecutionEvent& e = events[r.event];
+      e.transfer_bytes = n * c.expert_bytes;
+      e.estimated_us = CostModel::stream_us(e.transfer_bytes, m.profiles[size_t(c.backend)].link);
+      e.transfer_us = e.estimated_us;
+    }
     if (timeline) {
       for (const Marks& seg : segment_marks) {
         Backend& b = *m.backends[size_t(seg.backend)];

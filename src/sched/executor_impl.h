@@ -64,6 +64,16 @@ struct StreamedCopy {
   int slot = -1;  // its arena slot (live from the copy to its last reader)
   int event = 0;  // the copy queue's signal that the op waits for
   void* dst_ptr = nullptr;
+  // A stacked expert tensor copied by expert (ExecutorOptions::routed_expert_copies): the Stream
+  // step copies the experts used[e] marks (the previous run's; all before the first), the Route
+  // step those its reader's ids name that the Stream step did not. 0: copied whole.
+  int n_expert = 0;
+  size_t expert_bytes = 0;
+  PtrRef ids;
+  const int32_t* ids_ptr = nullptr;
+  size_t n_ids = 0;
+  size_t used_offset = 0;   // its n_expert flags in ExecPlan::expert_flags
+  uint8_t* used = nullptr;  // written by the device (Backend::stream_routed_experts)
 };
 
 enum class StepKind : uint8_t {
@@ -71,6 +81,7 @@ enum class StepKind : uint8_t {
   Segment,   // index: first exec, count: execs, on one backend
   Stream,    // index: a StreamedCopy, issued on its backend's copy queue
   Wait,      // index: a StreamedCopy the next segment reads: execution waits for its copy
+  Route,     // index: a StreamedCopy by expert: its routed experts, once its ids are written
 };
 
 struct Step {
@@ -101,6 +112,10 @@ struct ExecPlan {
   std::vector<std::vector<PtrRef>> exec_in;
   std::vector<PlannedTransfer> transfers;
   std::vector<StreamedCopy> streamed;
+  // The experts each copy by expert used (StreamedCopy::used): page-locked memory from the
+  // copying device where it gives any (expert_flags), else expert_flags_plain.
+  Buffer expert_flags;
+  std::vector<uint8_t> expert_flags_plain;
   std::vector<Step> steps;
   std::vector<Slot> slots;
   struct Input {

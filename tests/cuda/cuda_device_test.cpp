@@ -63,6 +63,49 @@ TEST(CudaDevice, CopiesRoundTripSmallAndLarge) {
   }
 }
 
+TEST(CudaDevice, RoutedExpertsCopyTheNamedExpertsNotCopiedBefore) {
+  TANDEM_REQUIRE_GPU(backend);
+  // Experts of an odd size (the byte-wise kernel) and of whole 16-byte words over several
+  // chunks; as many experts as the largest MoE presets and a small set.
+  for (const size_t expert_bytes : {size_t(1000) + 3, size_t(200) << 10}) {
+    for (const int n_expert : {8, 128}) {
+      SCOPED_TRACE(std::to_string(n_expert) + " experts of " + std::to_string(expert_bytes));
+      const size_t bytes = expert_bytes * size_t(n_expert);
+      std::vector<uint8_t> src(bytes), back(bytes);
+      for (size_t i = 0; i < bytes; ++i) src[i] = uint8_t((i * 131 + test_seed()) & 0xff);
+      ASSERT_TRUE(backend->prepare_stream_source(src.data(), bytes));
+      Buffer dst = backend->allocate(bytes);
+      const std::vector<uint8_t> poison(bytes, 0xA5);
+      backend->copy_from_host(dst.data(), poison.data(), bytes);
+      // Named: 1, 2, 5 and the last (twice); 2 was copied ahead (flag 1), 6 too but not named.
+      const std::vector<int32_t> ids = {1, 5, 2, n_expert - 1, 1, n_expert - 1, -3, n_expert};
+      Buffer ids_dev = backend->allocate(ids.size() * 4);
+      backend->copy_from_host(ids_dev.data(), ids.data(), ids.size() * 4);
+      Buffer flags = backend->allocate_host(size_t(n_expert));
+      auto* used = static_cast<uint8_t*>(flags.data());
+      std::memset(used, 0, size_t(n_expert));
+      used[2] = used[6] = 1;
+      backend->stream_routed_experts(dst.data(), src.data(), expert_bytes, n_expert,
+                                     static_cast<const int32_t*>(ids_dev.data()), ids.size(), used,
+                                     3);
+      backend->wait_stream_event(3);
+      backend->synchronize();
+      backend->copy_to_host(back.data(), dst.data(), bytes);
+      for (int e = 0; e < n_expert; ++e) {
+        const bool named = e == 1 || e == 2 || e == 5 || e == n_expert - 1;
+        const bool copied = named && e != 2;
+        const uint8_t* want = copied ? src.data() : poison.data();
+        EXPECT_EQ(std::memcmp(back.data() + size_t(e) * expert_bytes,
+                              want + size_t(e) * expert_bytes, expert_bytes),
+                  0)
+            << "expert " << e;
+        EXPECT_EQ(int(used[e]), e == 2 ? 1 : copied ? 2 : 0) << "expert " << e;
+      }
+      backend->release_stream_source(src.data());
+    }
+  }
+}
+
 TEST(CudaDevice, PeerCopiesBetweenTwoGpusAreOrderedWithBothStreams) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA GPUs, " << cuda_device_count();
   auto gpu0 = create_backend("cuda:0"), gpu1 = create_backend("cuda:1");

@@ -194,6 +194,68 @@ TEST_P(StreamedTest, ManyLayersReuseTheStagingMemoryWithoutOverwritingAWeightInU
   }
 }
 
+TEST_P(StreamedTest, AStreamedExpertTensorIsCopiedByTheExpertsItsIdsName) {
+  // One expert product, 8 experts of 32 x 64 f32, streamed. Between runs the weight's host
+  // bytes change in place, so an expert the run needs and does not copy keeps the last run's
+  // values and changes the answer. Run 1 copies every expert ahead (nothing is known yet); a
+  // later run copies ahead the experts the run before used and, once its ids are known, the
+  // named experts that copy missed.
+  constexpr int64_t K = 64, M = 32, E = 8, k = 2, T = 3;
+  constexpr size_t kExpertBytes = size_t(K * M) * 4;
+  Graph graph;
+  const TensorId w = graph.weight("blk.0.ffn_up_exps", DType::F32, {K, M, E});
+  const TensorId x = graph.input("x", DType::F32, {K, 1, T});
+  const TensorId ids = graph.input("ids", DType::I32, {k, T});
+  const TensorId y = graph.expert_matmul(w, x, ids);
+  graph.set_name(y, "y");
+  graph.mark_output(y);
+  std::vector<float> weight(size_t(K * M * E));
+  const std::vector<float> input = test::random_floats(size_t(K * T), rng_);
+  auto run_with = [&](HybridScheduler& sched, HybridExecutor& exec, std::vector<int32_t> route) {
+    exec.bind_weight("blk.0.ffn_up_exps", weight.data(), 4 * weight.size());
+    auto p = sched.plan(graph, exec.residency());
+    std::vector<float> out(size_t(M * k * T), -7.0f);
+    exec.run(graph, *p,
+             Bindings()
+                 .input("x", input.data(), 4 * input.size())
+                 .input("ids", route.data(), 4 * route.size())
+                 .output("y", out.data(), 4 * out.size()));
+    return out;
+  };
+  auto ref = HybridScheduler::builder().with_backend(std::make_shared<ReferenceBackend>()).build();
+  struct Run {
+    std::vector<int32_t> ids;
+    size_t experts_copied;  // by expert
+  };
+  const std::vector<Run> runs = {{{0, 1, 1, 0, 0, 1}, size_t(E)},
+                                 {{2, 3, 3, 2, 2, 3}, 4},
+                                 {{3, 2, 2, 3, 3, 2}, 2},
+                                 {{0, 3, 3, 0, 7, 3}, 4}};
+  for (const bool by_expert : {true, false}) {
+    SCOPED_TRACE(by_expert ? "copied by expert" : "copied whole");
+    auto g = gpu();
+    auto sched = streaming_scheduler(g);
+    ExecutorOptions options;
+    options.routed_expert_copies = by_expert;
+    HybridExecutor exec(sched, options);
+    size_t streamed = 0;
+    for (size_t r = 0; r < runs.size(); ++r) {
+      SCOPED_TRACE("run " + std::to_string(r + 1));
+      const std::vector<float> values = test::random_floats(weight.size(), rng_);
+      std::copy(values.begin(), values.end(), weight.begin());  // in place: the same binding
+      HybridExecutor ref_exec(ref);
+      const std::vector<float> expected = run_with(ref, ref_exec, runs[r].ids);
+      const std::vector<float> got = run_with(sched, exec, runs[r].ids);
+      EXPECT_EQ(std::memcmp(got.data(), expected.data(), 4 * got.size()), 0)
+          << "seed " << test::test_seed();
+      const size_t bytes = exec.stats().streamed_bytes - streamed;
+      streamed = exec.stats().streamed_bytes;
+      EXPECT_EQ(bytes, (by_expert ? runs[r].experts_copied : size_t(E)) * kExpertBytes);
+    }
+    EXPECT_EQ(g->executed, int(runs.size()));  // on the GPU every run
+  }
+}
+
 // Layers of matmul(w_l [1024, 1024] f32 = 4 MiB) + silu over a batch of T columns.
 struct WideLayers {
   Graph g;

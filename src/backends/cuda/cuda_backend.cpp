@@ -633,16 +633,52 @@ void CudaBackend::wait_stream_event(int event) {
                     cudaStreamWaitEvent(stream_, stream_events_[event]));
 }
 
+void CudaBackend::stream_routed_experts(void* device_dst, const void* host_src, size_t expert_bytes,
+                                        int n_expert, const int32_t* ids, size_t n_ids,
+                                        uint8_t* used, int event) {
+  std::lock_guard lock(mutex_);
+  check_alive("stream_routed_experts");
+  TANDEM_CHECK_ARG(event >= 0 && event < kStreamEvents, state_.id + " stream_routed_experts",
+                   "event " + std::to_string(event) + " out of range");
+  const size_t bytes = expert_bytes * size_t(std::max(n_expert, 0));
+  const void* pinned = pinned_source(host_src, bytes);
+  const uintptr_t used_view = host_ranges().device_view(used, size_t(std::max(n_expert, 0)));
+  if (!pinned || used_view == 0 || n_expert > cuda::kMaxRoutedExperts) {
+    // No page-locked source or flags: the host reads the ids and copies.
+    Backend::stream_routed_experts(device_dst, host_src, expert_bytes, n_expert, ids, n_ids, used,
+                                   event);
+    return;
+  }
+  // The ids' producers are the execution work submitted so far.
+  TANDEM_CUDA_CHECK(state_, "stream_routed_experts", cudaEventRecord(compute_mark_, stream_));
+  TANDEM_CUDA_CHECK(state_, "stream_routed_experts",
+                    cudaStreamWaitEvent(copy_stream_, compute_mark_));
+  TANDEM_CUDA_CHECK(state_, "stream_routed_experts",
+                    cuda::copy_routed_experts_from_mapped_host(
+                        device_dst, pinned, expert_bytes, n_expert, ids, n_ids,
+                        reinterpret_cast<uint8_t*>(used_view), sm_count_, copy_stream_));
+  TANDEM_CUDA_CHECK(state_, "stream_routed_experts",
+                    cudaEventRecord(stream_events_[event], copy_stream_));
+}
+
 const void* CudaBackend::pinned_source(const void* data, size_t bytes) {
-  auto it = pinned_.find(data);
-  if (it != pinned_.end() && it->second.bytes == bytes) return it->second.data;
+  // A range inside a page-locked copy (part of a streamed expert tensor) reads that copy.
+  const auto* p = static_cast<const uint8_t*>(data);
+  auto it = pinned_.upper_bound(p);
+  if (it != pinned_.begin()) {
+    --it;
+    const size_t offset = size_t(p - it->first);  // the key is at or before p
+    if (offset < it->second.bytes && bytes <= it->second.bytes - offset) {
+      return static_cast<const uint8_t*>(it->second.data) + offset;
+    }
+  }
   if (!prepare_stream_source(data, bytes)) return nullptr;
-  return pinned_.at(data).data;
+  return pinned_.at(p).data;
 }
 
 void CudaBackend::release_stream_source(const void* data) {
   std::lock_guard lock(mutex_);
-  auto it = pinned_.find(data);
+  auto it = pinned_.find(static_cast<const uint8_t*>(data));
   if (it == pinned_.end()) return;
   if (!state_.lost) (void)cudaStreamSynchronize(copy_stream_);  // queued copies may read it
   (void)cudaFreeHost(it->second.data);
@@ -652,7 +688,7 @@ void CudaBackend::release_stream_source(const void* data) {
 bool CudaBackend::prepare_stream_source(const void* data, size_t bytes) {
   std::lock_guard lock(mutex_);
   check_alive("prepare_stream_source");
-  auto it = pinned_.find(data);
+  auto it = pinned_.find(static_cast<const uint8_t*>(data));
   if (it != pinned_.end()) {
     if (it->second.bytes == bytes) return true;
     // Rebound to other bytes: the copy may still feed queued work.
@@ -666,7 +702,7 @@ bool CudaBackend::prepare_stream_source(const void* data, size_t bytes) {
     return false;
   }
   std::memcpy(copy, data, bytes);
-  pinned_.emplace(data, PinnedCopy{copy, bytes});
+  pinned_.emplace(static_cast<const uint8_t*>(data), PinnedCopy{copy, bytes});
   return true;
 }
 

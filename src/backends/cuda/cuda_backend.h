@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -65,6 +66,9 @@ class CudaBackend final : public Backend {
   // Streamed weights go on a second stream (copy_stream_), ordered with stream_ by events.
   void stream_from_host(void* device_dst, const void* host_src, size_t bytes, int event) override;
   void wait_stream_event(int event) override;
+  void stream_routed_experts(void* device_dst, const void* host_src, size_t expert_bytes,
+                             int n_expert, const int32_t* ids, size_t n_ids, uint8_t* used,
+                             int event) override;
   bool prepare_stream_source(const void* data, size_t bytes) override;
   void release_stream_source(const void* data) override;
   void timeline_reset() override;
@@ -162,7 +166,7 @@ class CudaBackend final : public Backend {
     void* data = nullptr;
     size_t bytes = 0;
   };
-  std::unordered_map<const void*, PinnedCopy> pinned_;
+  std::map<const uint8_t*, PinnedCopy> pinned_;
   std::unordered_map<void*, size_t> host_buffers_;  // allocate_host's, by address
   StagingRing bounce_;  // streamed copies on copy_stream_ that have no page-locked copy
   std::vector<cudaEvent_t> timeline_;  // timing events, reused from run to run

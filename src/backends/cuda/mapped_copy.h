@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace tandem::cuda {
 
@@ -14,5 +15,15 @@ namespace tandem::cuda {
 // kernels may read through the same pointer under unified addressing). Asynchronous on `stream`.
 cudaError_t copy_from_mapped_host(void* dst, const void* src, size_t bytes, int sm_count,
                                   cudaStream_t stream);
+
+// The experts of a stacked expert tensor (n_expert of expert_bytes each; src page-locked host
+// memory) that `ids` (n_ids values in device memory) names and used[e] == 0 marks as not copied
+// yet; then sets used[e] to 0 (not named), 1 (named, copied before) or 2 (named, copied here).
+// `used`: n_expert bytes the device may write (mapped page-locked host memory). Two launches on
+// `stream`; n_expert at most kMaxRoutedExperts.
+inline constexpr int kMaxRoutedExperts = 4096;
+cudaError_t copy_routed_experts_from_mapped_host(void* dst, const void* src, size_t expert_bytes,
+                                                 int n_expert, const int32_t* ids, size_t n_ids,
+                                                 uint8_t* used, int sm_count, cudaStream_t stream);
 
 }  // namespace tandem::cuda
