@@ -324,6 +324,90 @@ void bm_expert_matmul_node(benchmark::State& state, DType wtype, int64_t tokens,
       benchmark::Counter(experts_read * expert_bytes / 1e9, benchmark::Counter::kIsRate);
 }
 
+// A token's expert products as decode runs them (CpuBackend::execute_segment's groups): gate and
+// up of Qwen3-30B-A3B's shape (128 experts of 768 x 2048) with their SwiGLU, or down (2048 x 768)
+// with MoeCombine, 8 distinct experts a token, ids cycled, the tensors rotating through copies
+// totalling kRotationBytes. GBps counts the chosen experts' weight bytes read.
+void bm_expert_group(benchmark::State& state, bool gate_up, int threads) {
+  constexpr int64_t kEmbd = 2048, kFf = 768, kExperts = 128, kUsed = 8, kIdSets = 64;
+  CpuBackend cpu(threads);
+  Graph g;
+  const int64_t K = gate_up ? kEmbd : kFf, M = gate_up ? kFf : kEmbd;
+  const int n_weights = gate_up ? 2 : 1;
+  std::vector<TensorId> w;
+  for (int i = 0; i < n_weights; ++i) {
+    w.push_back(g.weight("w" + std::to_string(i), DType::Q4_0, {K, M, kExperts}));
+  }
+  const TensorId x = g.input("x", DType::F32, {K, gate_up ? 1 : kUsed, 1});
+  const TensorId ids = g.input("ids", DType::I32, {kUsed, 1});
+  const TensorId route = g.input("route", DType::F32, {kUsed, 1});
+  std::vector<TensorId> nodes;
+  if (gate_up) {
+    nodes.push_back(g.expert_matmul(w[0], x, ids));
+    nodes.push_back(g.expert_matmul(w[1], x, ids));
+    nodes.push_back(g.swiglu(nodes[0], nodes[1]));
+  } else {
+    nodes.push_back(g.expert_matmul(w[0], x, ids));
+    nodes.push_back(g.moe_combine(nodes[0], route));
+  }
+  const size_t wbytes = g.tensor(w[0]).bytes();
+  const size_t copies =
+      std::max<size_t>(1, (kRotationBytes / size_t(n_weights) + wbytes - 1) / wbytes);
+  std::vector<AlignedBytes> weights;
+  for (int i = 0; i < n_weights; ++i) {
+    weights.emplace_back(wbytes * copies);
+    fill_quantized(DType::Q4_0, weights.back().data(), M * kExperts, K, uint64_t(1 + i));
+    for (size_t c = 1; c < copies; ++c) {
+      std::memcpy(weights.back().data() + c * wbytes, weights.back().data(), wbytes);
+    }
+  }
+  std::vector<float> xs(size_t(g.tensor(x).elements())), routes(size_t(kUsed), 1.0f / kUsed);
+  fill_random(xs.data(), int64_t(xs.size()), 7);
+  std::map<TensorId, std::vector<float>> outs;
+  for (TensorId n : nodes) outs[n].resize(size_t(g.tensor(n).elements()));
+  std::mt19937 rng(3);
+  std::vector<std::vector<int32_t>> id_sets(kIdSets);
+  for (auto& set : id_sets) {
+    std::vector<int32_t> all(kExperts);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    set.assign(all.begin(), all.begin() + kUsed);
+  }
+  auto data_of = [&](TensorId id) -> void* {
+    if (id == x) return xs.data();
+    if (id == route) return routes.data();
+    if (id == ids) return id_sets[0].data();
+    for (int i = 0; i < n_weights; ++i) {
+      if (id == w[size_t(i)]) return weights[size_t(i)].data();
+    }
+    return outs.at(id).data();
+  };
+  std::vector<NodeExecution> segment;
+  for (TensorId n : nodes) {
+    NodeExecution e{&g.node(n), {}, {&g.tensor(n), outs.at(n).data()}};
+    for (TensorId in : g.node(n).inputs) e.inputs.push_back({&g.tensor(in), data_of(in)});
+    segment.push_back(std::move(e));
+  }
+  size_t i = 0;
+  for (auto _ : state) {
+    const size_t c = i % copies;
+    for (NodeExecution& e : segment) {
+      for (TensorRef& in : e.inputs) {
+        for (int k = 0; k < n_weights; ++k) {
+          if (in.desc == &g.tensor(w[size_t(k)])) in.data = weights[size_t(k)].data() + c * wbytes;
+        }
+        if (in.desc == &g.tensor(ids)) in.data = id_sets[i % kIdSets].data();
+      }
+    }
+    ++i;
+    cpu.execute_segment(g, segment, 1);
+    benchmark::DoNotOptimize(outs.at(nodes.back()).data());
+  }
+  const double expert_bytes = double(row_bytes(DType::Q4_0, K)) * double(M);
+  state.counters["GBps"] = benchmark::Counter(double(i) * kUsed * n_weights * expert_bytes / 1e9,
+                                              benchmark::Counter::kIsRate);
+}
+
 void register_all(const std::vector<int>& threads) {
   auto reg = [](const std::string& name, int t, auto fn) {
     benchmark::RegisterBenchmark((name + "/t" + std::to_string(t)).c_str(), fn)
@@ -379,6 +463,10 @@ void register_all(const std::vector<int>& threads) {
       reg("expert_matmul_q4_0_2048x768x128_top8_t" + std::to_string(tokens), t,
           [=](benchmark::State& s) { bm_expert_matmul_node(s, DType::Q4_0, tokens, t); });
     }
+    reg("expert_group_q4_0_gate_up_swiglu_top8", t,
+        [=](benchmark::State& s) { bm_expert_group(s, true, t); });
+    reg("expert_group_q4_0_down_combine_top8", t,
+        [=](benchmark::State& s) { bm_expert_group(s, false, t); });
   }
 }
 

@@ -533,7 +533,7 @@ TEST(CpuOpsGroup, OneTokenExpertsMatchOneByOne) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  constexpr int64_t H = 96, F = 64, kExperts = 6, kUsed = 3;
+  constexpr int64_t H = 320, F = 64, kExperts = 6, kUsed = 3;  // down: three row items
   for (DType dt : {DType::Q4_0, DType::Q8_0})
     for (int threads : {1, 3})
       for (bool in_place : {false, true}) {
