@@ -459,18 +459,22 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
   };
   try {
     for (const Step& step : plan.steps) {
-      if (step.kind == StepKind::Stream) {
+      if (step.kind == StepKind::Stream || step.kind == StepKind::Route) {
         const StreamedCopy& c = plan.streamed[step.index];
         Backend& dst = *m.backends[size_t(c.backend)];
         active = c.backend;
         const double t0 = record ? m.telemetry.now_us() : 0.0;
         const int waited = timeline ? dst.timeline_mark(false) : 0;
-        size_t bytes = c.bytes;
-        if (c.n_expert == 0) {
+        size_t bytes = 0;  // a Route step's: counted once the device has written its flags
+        if (step.kind == StepKind::Route) {
+          dst.stream_routed_experts(c.dst_ptr, c.host, c.expert_bytes, c.n_expert, c.ids_ptr,
+                                    c.n_ids, c.used, c.event);
+          routed.push_back({step.index, record ? events.size() : SIZE_MAX});
+        } else if (c.n_expert == 0) {
           dst.stream_from_host(c.dst_ptr, c.host, c.bytes, c.event);
+          bytes = c.bytes;
         } else {
           // The experts the previous run used, in runs of neighbours; the rest once routed.
-          bytes = 0;
           const size_t eb = c.expert_bytes;
           for (size_t e = 0; e < size_t(c.n_expert);) {
             if (c.used[e] == 0) {
@@ -501,29 +505,6 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
           e.estimated_us = CostModel::stream_us(bytes, m.profiles[size_t(c.backend)].link);
           e.transfer_us = e.estimated_us;
           events.push_back(std::move(e));
-        }
-        continue;
-      }
-      if (step.kind == StepKind::Route) {
-        const StreamedCopy& c = plan.streamed[step.index];
-        Backend& dst = *m.backends[size_t(c.backend)];
-        active = c.backend;
-        const double t0 = record ? m.telemetry.now_us() : 0.0;
-        const int waited = timeline ? dst.timeline_mark(false) : 0;
-        dst.stream_routed_experts(c.dst_ptr, c.host, c.expert_bytes, c.n_expert, c.ids_ptr, c.n_ids,
-                                  c.used, c.event);
-        if (timeline)
-          copy_marks.push_back({c.backend, waited, dst.timeline_mark(true), events.size()});
-        dirty[size_t(c.backend)] = true;
-        routed.push_back({step.index, record ? events.size() : SIZE_MAX});
-        if (record) {
-          ExecutionEvent e = op_event(graph, c.storage);
-          e.kind = EventKind::Transfer;
-          e.streamed = true;
-          e.timestamp_us = t0;
-          e.backend = dst.backend_id();
-          e.source_backend = "host";
-          events.push_back(std::move(e));  // its bytes once the device has written them
         }
         continue;
       }
