@@ -38,7 +38,10 @@ struct ExecutionEvent {
   size_t transfer_bytes = 0;
   double transfer_us = 0.0;  // measured when timed, else the estimate
   bool streamed = false;     // a weight streamed on the device's copy queue
-  int segment_ops = 0;       // Segment events: ops in the segment (node/op: its first)
+  // A streamed expert tensor copied by expert (ExecutorOptions::routed_expert_copies): 1 its
+  // copy ahead of the router, 2 its copy of the experts the router named that the first missed.
+  uint8_t expert_copy = 0;
+  int segment_ops = 0;  // Segment events: ops in the segment (node/op: its first)
   // Ops timed alone: the share of the work its shapes bound the op did (an attention over a
   // cache longer than its positions read; CostModel::attention_work_scale), which the estimate
   // and what the model learns from the op take into account.
@@ -71,6 +74,11 @@ struct ExecutionSummary {
   double transfer_us = 0.0;
   double graph_us = 0.0;  // sum of per-graph wall times (TimingMode::PerGraph and PerOp)
   std::map<std::string, BackendUsage> backends;
+  // Expert tensors streamed by expert: the bytes whole copies would have carried, and what the
+  // copies ahead of the router and after it carried (how much of its experts a workload uses).
+  size_t expert_tensor_bytes = 0;
+  size_t expert_ahead_bytes = 0;
+  size_t expert_routed_bytes = 0;
 };
 
 // What the op events of one untimed run (TimingMode::Off) add to the summaries. They hold no

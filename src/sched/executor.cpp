@@ -501,6 +501,7 @@ void HybridExecutor::run(const Graph& graph, const Placement& placement, const B
           e.timestamp_us = t0;
           e.backend = dst.backend_id();
           e.source_backend = "host";
+          if (c.n_expert > 0) e.expert_copy = step.kind == StepKind::Route ? 2 : 1;
           e.transfer_bytes = bytes;
           e.estimated_us = CostModel::stream_us(bytes, m.profiles[size_t(c.backend)].link);
           e.transfer_us = e.estimated_us;

@@ -5,6 +5,9 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "tandem/bytes.h"
+#include "tandem/dtype.h"
+
 namespace tandem {
 
 namespace {
@@ -76,6 +79,9 @@ void add_summary(ExecutionSummary& into, const ExecutionSummary& s) {
   into.estimated_us += s.estimated_us;
   into.transfer_us += s.transfer_us;
   into.graph_us += s.graph_us;
+  into.expert_tensor_bytes += s.expert_tensor_bytes;
+  into.expert_ahead_bytes += s.expert_ahead_bytes;
+  into.expert_routed_bytes += s.expert_routed_bytes;
   for (const auto& [id, u] : s.backends) add_usage(into.backends[id], u);
 }
 
@@ -111,6 +117,13 @@ ExecutionSummary summarize(const std::vector<ExecutionEvent>& events) {
         s.transfers++;
         s.transfer_bytes += e.transfer_bytes;
         s.transfer_us += e.transfer_us;
+        if (e.expert_copy == 1) {
+          Dims ne{1, 1, 1, 1};
+          for (int d = 0; d < e.n_dims && d < kMaxDims; ++d) ne[size_t(d)] = e.shape[size_t(d)];
+          s.expert_tensor_bytes += size_t(ne[1] * ne[2] * ne[3]) * row_bytes(e.dtype, ne[0]);
+          s.expert_ahead_bytes += e.transfer_bytes;
+        }
+        if (e.expert_copy == 2) s.expert_routed_bytes += e.transfer_bytes;
         break;
       }
       case EventKind::Graph:
@@ -235,6 +248,17 @@ void Telemetry::print_debug_summary(std::ostream& os) const {
                     t.actual_us, t.estimated_us, share);
       os << line;
     }
+  }
+  if (s.expert_tensor_bytes > 0) {
+    const double whole = double(s.expert_tensor_bytes);
+    std::snprintf(line, sizeof line,
+                  "expert tensors streamed by expert: %.1f%% of their %s (%.1f%% ahead of the "
+                  "router, %.1f%% after it)\n",
+                  100.0 * double(s.expert_ahead_bytes + s.expert_routed_bytes) / whole,
+                  format_bytes(s.expert_tensor_bytes).c_str(),
+                  100.0 * double(s.expert_ahead_bytes) / whole,
+                  100.0 * double(s.expert_routed_bytes) / whole);
+    os << line;
   }
   if (s.graphs > 0) {
     std::snprintf(line, sizeof line, "graphs: %zu, %.1f us each on average\n", s.graphs,

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <sstream>
 
 #include "mini_model.h"
 #include "model_runs.h"
@@ -253,6 +254,22 @@ TEST_P(StreamedTest, AStreamedExpertTensorIsCopiedByTheExpertsItsIdsName) {
       EXPECT_EQ(bytes, (by_expert ? runs[r].experts_copied : size_t(E)) * kExpertBytes);
     }
     EXPECT_EQ(g->executed, int(runs.size()));  // on the GPU every run
+    // The summary tells how much of the tensor the copies carried, ahead and after the router.
+    const ExecutionSummary summary = exec.telemetry().execution_summary();
+    std::ostringstream printed;
+    exec.telemetry().print_debug_summary(printed);
+    if (by_expert) {
+      EXPECT_EQ(summary.expert_tensor_bytes, runs.size() * size_t(E) * kExpertBytes);
+      EXPECT_EQ(summary.expert_ahead_bytes, size_t(E + 2 + 2 + 2) * kExpertBytes);
+      EXPECT_EQ(summary.expert_routed_bytes, size_t(0 + 2 + 0 + 2) * kExpertBytes);
+      EXPECT_NE(printed.str().find("expert tensors streamed by expert: 56.2% of their 256.00 KiB "
+                                   "(43.8% ahead of the router, 12.5% after it)"),
+                std::string::npos)
+          << printed.str();
+    } else {
+      EXPECT_EQ(summary.expert_tensor_bytes, 0u);
+      EXPECT_EQ(printed.str().find("streamed by expert"), std::string::npos);
+    }
   }
 }
 
