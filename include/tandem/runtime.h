@@ -76,6 +76,9 @@ struct SessionOptions {
   bool calibrate_if_missing = false;
   bool learn = false;
   int learn_every = 0;
+  // Count which experts each mixture-of-experts layer's router chooses (Session::routing):
+  // every step copies the routers' choices out of wherever they ran.
+  bool routing_stats = false;
   // Called as weights are uploaded to a device (bytes done, bytes of this upload in all).
   HybridExecutor::Progress load_progress;
   // Where warnings while loading go (a missing cost profile); nullptr: nowhere.
@@ -88,6 +91,19 @@ struct SessionOptions {
   // not start at layer 0 reads a hidden state (eval_stage); one that ends before the last layer
   // returns one.
   std::optional<LayerRange> layers;
+};
+
+// How often each expert of each mixture-of-experts layer was chosen over the steps a session ran
+// with SessionOptions::routing_stats (its own layers only, in order).
+struct RoutingStats {
+  int64_t steps = 0;
+  std::vector<int> layers;                   // model layer of each entry
+  std::vector<std::vector<int64_t>> chosen;  // [entry][expert]: times chosen
+  std::vector<int64_t> choices;              // [entry]: tokens x experts a token, counted
+  // Per entry: the share of its choices that its `n` most chosen experts took.
+  std::vector<double> top_share(size_t n) const;
+  // Per entry: how many experts were chosen at least once.
+  std::vector<int64_t> used() const;
 };
 
 // One phase's placement as `plan` shows it: made without running or uploading anything.
@@ -228,6 +244,8 @@ class Session {
   void save_learned();
   // Every device failure this session recovered from, oldest first.
   const std::vector<Recovery>& recoveries() const { return recoveries_; }
+  // The routers' choices counted so far (SessionOptions::routing_stats; empty without).
+  const RoutingStats& routing() const { return routing_; }
 
  private:
   void init(const SessionOptions& options);
@@ -244,6 +262,8 @@ class Session {
   // Plans, uploads and runs one step once.
   void execute_step(const LlamaGraph& lg, std::span<const int32_t> tokens,
                     std::span<const int32_t> positions, std::span<float> logits);
+  // Adds the step's router choices (route_ids_) to routing_.
+  void count_routing(const LlamaGraph& lg);
   // False where the failure is not one a device caused (or nothing is left to move).
   bool recover(const Error& error);
   bool recover_lost(const Error& error, const std::vector<std::string>& lost);
@@ -293,6 +313,9 @@ class Session {
   LoadedCostModel costs_;
   bool learn_ = false;
   int learn_every_ = 0;
+  bool routing_stats_ = false;
+  RoutingStats routing_;
+  std::vector<int32_t> route_ids_;  // a step's router choices, every layer's in turn
   int64_t steps_ = 0;
   size_t events_learned_ = 0;
   HybridExecutor::Progress load_progress_;

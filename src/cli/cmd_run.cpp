@@ -1,13 +1,16 @@
 // `tandem run` (generate text) and `tandem logits` (write logits for correctness checks).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <random>
+#include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "cli_util.h"
 #include "commands_impl.h"
@@ -19,6 +22,49 @@
 
 namespace tandem::cli {
 
+namespace {
+
+// The median, least and most of per-layer values, as "median M (min A, max B)".
+template <typename T>
+std::string spread(std::vector<T> v, const char* format) {
+  if (v.empty()) return "-";
+  std::sort(v.begin(), v.end());
+  char buf[128];
+  const double med = double(v[v.size() / 2]), lo = double(v.front()), hi = double(v.back());
+  const std::string f =
+      std::string("median ") + format + " (min " + format + ", max " + format + ")";
+  std::snprintf(buf, sizeof buf, f.c_str(), med, lo, hi);
+  return buf;
+}
+
+void print_routing(const RoutingStats& r, const LlamaConfig& c, std::ostream& os) {
+  if (!c.is_moe()) {
+    os << "routing: the model has no experts\n";
+    return;
+  }
+  if (r.layers.empty()) {
+    os << "routing: no step ran\n";
+    return;
+  }
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "routing: %zu layers of %lld experts (%lld a token), %lld steps, %lld choices a "
+                "layer\n",
+                r.layers.size(), (long long)c.n_expert, (long long)c.n_expert_used,
+                (long long)r.steps, (long long)r.choices.front());
+  os << line;
+  os << "  experts chosen at least once in a layer: " << spread(r.used(), "%.0f") << "\n";
+  for (size_t n : {size_t(c.n_expert_used), size_t(2 * c.n_expert_used), size_t(c.n_expert / 4)}) {
+    if (n == 0 || n >= size_t(c.n_expert)) continue;
+    std::vector<double> pct = r.top_share(n);
+    for (double& x : pct) x *= 100.0;
+    os << "  share of a layer's choices its " << n
+       << " most chosen experts took: " << spread(pct, "%.1f%%") << "\n";
+  }
+}
+
+}  // namespace
+
 void add_run(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("run", "Generate text from a prompt");
   struct Opts {
@@ -28,7 +74,7 @@ void add_run(CLI::App& app, std::function<int()>& run) {
     int64_t seed = 0;
     float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
     int top_k = 40;
-    bool stats = false, no_bos = false, greedy = false, escape = false;
+    bool stats = false, no_bos = false, greedy = false, escape = false, routing = false;
   };
   auto o = std::make_shared<Opts>();
   o->engine.add(*cmd);
@@ -61,6 +107,9 @@ void add_run(CLI::App& app, std::function<int()>& run) {
                   "Time every op of one step in N (without --stats) and refine the cost profile "
                   "from it (0: off)")
       ->capture_default_str();
+  cmd->add_flag("--routing-stats", o->routing,
+                "A mixture of experts: count which experts each layer's router chooses and "
+                "print how concentrated the choices are (copies the choices out of every step)");
   cmd->add_flag("--stats", o->stats,
                 "Time every op (synchronizes; slower): estimated against actual per op type, "
                 "learned into the cost profile");
@@ -85,6 +134,7 @@ void add_run(CLI::App& app, std::function<int()>& run) {
       eo.calibrate_if_missing = true;
       eo.learn = o->stats;  // timed ops refine the saved cost profile
       eo.learn_every = o->learn_every;
+      eo.routing_stats = o->routing;
       // --stats times each op alone; a trace alone times segments and copies on the devices'
       // queues without waiting, so overlap shows.
       eo.timing = o->stats            ? TimingMode::PerOp
@@ -135,6 +185,7 @@ void add_run(CLI::App& app, std::function<int()>& run) {
                      r.backend.c_str(), r.action.c_str());
       }
       engine.executor().telemetry().print_debug_summary(std::cerr);
+      if (o->routing) print_routing(engine.routing(), engine.config(), std::cerr);
       if (o->stats || o->learn_every > 0) {
         print_estimate_report(estimate_report(engine.executor().telemetry().get_telemetry()),
                               std::cerr);

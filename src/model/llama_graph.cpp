@@ -55,13 +55,14 @@ AttentionIn attention_in(Graph& g, const gguf::File& file, const LlamaConfig& c,
 // gating: each token's n_expert_used best experts by the router, their softmax weights, and
 // the weighted sum of down(silu(gate(h)) * up(h)) of those experts only.
 TensorId moe_ffn(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, TensorId h,
-                 int64_t T) {
+                 int64_t T, std::vector<LlamaGraph::Route>& routes) {
   TensorId router = add_weight(g, file, blk(l, "ffn_gate_inp"));
   TensorId w_gate = add_weight(g, file, blk(l, "ffn_gate_exps"));
   TensorId w_up = add_weight(g, file, blk(l, "ffn_up_exps"));
   TensorId w_down = add_weight(g, file, blk(l, "ffn_down_exps"));
   TensorId logits = g.matmul(router, h);  // [n_expert, T]
   TensorId ids = g.moe_route(logits, int32_t(c.n_expert_used));
+  routes.push_back({l, ids});
   TensorId weights = g.moe_weights(logits, ids, c.norm_expert_weights);
   TensorId columns = g.reshape(h, {c.n_embd, 1, T});  // one column for every chosen expert
   // Gate before up, in this order whatever the compiler's order of arguments: a backend fuses
@@ -74,9 +75,11 @@ TensorId moe_ffn(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, 
 
 // x + layer l's feed-forward block of x ([n_embd, T]): dense, or the mixture of experts.
 TensorId add_ffn(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, TensorId x,
-                 int64_t T) {
+                 int64_t T, std::vector<LlamaGraph::Route>& routes) {
   TensorId ffn_norm = add_weight(g, file, blk(l, "ffn_norm"));
-  if (c.is_moe()) return g.add(x, moe_ffn(g, file, c, l, g.rms_norm(x, ffn_norm, c.rms_eps), T));
+  if (c.is_moe()) {
+    return g.add(x, moe_ffn(g, file, c, l, g.rms_norm(x, ffn_norm, c.rms_eps), T, routes));
+  }
   TensorId w_gate = add_weight(g, file, blk(l, "ffn_gate"));
   TensorId w_up = add_weight(g, file, blk(l, "ffn_up"));
   TensorId w_down = add_weight(g, file, blk(l, "ffn_down"));
@@ -156,7 +159,7 @@ LlamaGraph build_llama_graph(const LlamaConfig& c, const gguf::File& file,
     TensorId kc = g.kv_write(cache_k, in.k, out.positions);
     TensorId vc = g.kv_write(cache_v, in.v, out.positions);
     TensorId a = g.reshape(g.attention(in.q, kc, vc, out.positions, scale), {c.n_head * D, T});
-    x = add_ffn(g, file, c, l, g.add(x, g.matmul(in.wo, a)), T);
+    x = add_ffn(g, file, c, l, g.add(x, g.matmul(in.wo, a)), T, out.routes);
   }
 
   if (layer_end < c.n_layer) {
@@ -224,7 +227,7 @@ LlamaGraph build_llama_decode_batch(const LlamaConfig& c, const gguf::File& file
       gathered = g.kv_write(gathered, a, one(out.rows, r));
     }
     TensorId a = g.reshape(gathered, {c.n_head * D, S});
-    x = add_ffn(g, file, c, l, g.add(x, g.matmul(in.wo, a)), S);
+    x = add_ffn(g, file, c, l, g.add(x, g.matmul(in.wo, a)), S, out.routes);
   }
 
   out.logits = add_logits(g, file, c, x, embd);

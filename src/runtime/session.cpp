@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <ostream>
 #include <sstream>
@@ -203,6 +204,7 @@ void Session::init(const SessionOptions& options) {
   cost_options.calibrate_if_missing = options.calibrate_if_missing;
   costs_ = load_cost_model(backends, cost_options, options.log ? *options.log : null_stream());
   learn_every_ = options.timing == TimingMode::PerOp ? 0 : options.learn_every;
+  routing_stats_ = options.routing_stats;
   learn_ = costs_.measured &&
            ((options.learn && options.timing == TimingMode::PerOp) || learn_every_ > 0);
   auto builder = HybridScheduler::builder();
@@ -231,7 +233,11 @@ const LlamaGraph& Session::graph_for(int64_t n_tokens, bool all_logits, int sequ
   options.sequence = sequence;
   options.layer_begin = layers_.begin;
   options.layer_end = layers_.end;
-  return graphs_.emplace(key, build_llama_graph(config_, file_, options)).first->second;
+  LlamaGraph& lg = graphs_.emplace(key, build_llama_graph(config_, file_, options)).first->second;
+  if (routing_stats_) {
+    for (const LlamaGraph::Route& r : lg.routes) lg.graph.mark_output(r.ids);
+  }
+  return lg;
 }
 
 int64_t Session::n_past(int sequence) const {
@@ -415,6 +421,20 @@ void Session::execute_step(const LlamaGraph& lg, std::span<const int32_t> tokens
     std::iota(rows_.begin(), rows_.end(), 0);
     bindings.input(lg.rows, rows_.data(), rows_.size() * sizeof(int32_t));
   }
+  const bool count_routes = routing_stats_ && !lg.routes.empty();
+  if (count_routes) {
+    size_t total = 0;
+    for (const LlamaGraph::Route& r : lg.routes) {
+      total += size_t(lg.graph.tensor(r.ids).elements());
+    }
+    route_ids_.resize(total);
+    size_t at = 0;
+    for (const LlamaGraph::Route& r : lg.routes) {
+      const size_t ids = size_t(lg.graph.tensor(r.ids).elements());
+      bindings.output(r.ids, route_ids_.data() + at, ids * sizeof(int32_t));
+      at += ids;
+    }
+  }
   // One step in learn_every_ is timed per op (it synchronizes after every op) to learn from.
   const bool sampled = learn_ && learn_every_ > 0 && ++steps_ % learn_every_ == 0;
   const TimingMode timing = executor_->options().timing;
@@ -427,6 +447,48 @@ void Session::execute_step(const LlamaGraph& lg, std::span<const int32_t> tokens
   }
   if (sampled) executor_->set_timing(timing);
   if (learn_ && (sampled || learn_every_ == 0)) learn_from(lg.graph);
+  if (count_routes) count_routing(lg);
+}
+
+void Session::count_routing(const LlamaGraph& lg) {
+  RoutingStats& r = routing_;
+  if (r.layers.empty()) {
+    for (const LlamaGraph::Route& route : lg.routes) {
+      r.layers.push_back(route.layer);
+      r.chosen.emplace_back(size_t(config_.n_expert), 0);
+      r.choices.push_back(0);
+    }
+  }
+  ++r.steps;
+  size_t at = 0;
+  for (size_t i = 0; i < lg.routes.size() && i < r.layers.size(); ++i) {
+    const size_t n = size_t(lg.graph.tensor(lg.routes[i].ids).elements());
+    for (size_t j = 0; j < n; ++j) {
+      const int32_t e = route_ids_[at + j];
+      if (e >= 0 && size_t(e) < r.chosen[i].size()) ++r.chosen[i][size_t(e)];
+    }
+    r.choices[i] += int64_t(n);
+    at += n;
+  }
+}
+
+std::vector<double> RoutingStats::top_share(size_t n) const {
+  std::vector<double> out;
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    std::vector<int64_t> c = chosen[i];
+    std::sort(c.begin(), c.end(), std::greater<>());
+    int64_t top = 0;
+    for (size_t k = 0; k < std::min(n, c.size()); ++k) top += c[k];
+    out.push_back(choices[i] > 0 ? double(top) / double(choices[i]) : 0.0);
+  }
+  return out;
+}
+
+std::vector<int64_t> RoutingStats::used() const {
+  std::vector<int64_t> out;
+  for (const auto& c : chosen)
+    out.push_back(std::count_if(c.begin(), c.end(), [](int64_t x) { return x > 0; }));
+  return out;
 }
 
 bool Session::recover(const Error& error) {

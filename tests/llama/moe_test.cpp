@@ -191,6 +191,38 @@ RoutedRun run_routed(const std::string& path, const std::string& strategy,
   return r;
 }
 
+// A session counting its routers' choices (SessionOptions::routing_stats) counts exactly the
+// ids each layer's MoeRoute produced, step after step, and a session without it counts nothing.
+TEST(MoeRouting, ASessionCountsEveryChoiceOfEveryLayer) {
+  const std::string path = model_path("tiny-qwen3moe", DType::F32);
+  const auto tokens = random_tokens(7);
+  const RoutedRun routed = run_routed(path, "only:cpu", tokens);
+  SessionOptions o = options(path, "only:cpu");
+  o.routing_stats = true;
+  Session s(o);
+  s.eval(tokens, true);
+  const RoutingStats& r = s.routing();
+  ASSERT_EQ(r.layers.size(), routed.ids.size());
+  EXPECT_EQ(r.steps, 1);
+  for (size_t l = 0; l < r.layers.size(); ++l) {
+    EXPECT_EQ(r.layers[l], int(l));
+    std::vector<int64_t> want(size_t(s.config().n_expert), 0);
+    for (int32_t e : routed.ids[l]) ++want[size_t(e)];
+    EXPECT_EQ(r.chosen[l], want) << "layer " << l;
+    EXPECT_EQ(r.choices[l], int64_t(tokens.size()) * s.config().n_expert_used);
+  }
+  s.decode(tokens[0]);
+  EXPECT_EQ(s.routing().steps, 2);
+  EXPECT_EQ(s.routing().choices[0], int64_t(tokens.size() + 1) * s.config().n_expert_used);
+  for (double share : s.routing().top_share(size_t(s.config().n_expert))) {
+    EXPECT_DOUBLE_EQ(share, 1.0);
+  }
+  Session quiet(options(path, "only:cpu"));
+  quiet.eval(tokens);
+  EXPECT_TRUE(quiet.routing().layers.empty());
+  EXPECT_EQ(quiet.routing().steps, 0);
+}
+
 // Quantized weights: the CPU rounds activations to 8 bits (~1e-2 relative), so a token whose
 // last chosen and first excluded experts are that close may take the other one, a legitimate
 // difference no tolerance on the logits covers (a GPU's float products may do the same, more

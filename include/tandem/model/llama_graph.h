@@ -39,6 +39,13 @@ struct LlamaGraph {
   // sequence's attention output goes to).
   TensorId rows = kNoTensor;
   int64_t n_ctx = 0;
+  // A mixture of experts: each layer's router choices (i32 [n_expert_used, n_tokens]), in layer
+  // order; not outputs unless a caller marks them (Session's routing statistics).
+  struct Route {
+    int layer = 0;
+    TensorId ids = kNoTensor;
+  };
+  std::vector<Route> routes;
 
   // What the step produces: the logits, or a stage's hidden state.
   TensorId output() const { return logits != kNoTensor ? logits : hidden_out; }
