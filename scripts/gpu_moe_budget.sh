@@ -4,6 +4,8 @@
 # `--strategy auto --gpu-mem $BUDGET` against llama-bench `-ngl 99 -ncmoe N` for each N of a
 # sweep, pp512 and tg64. llama-bench runs verbose once per N so that its CUDA0 buffers (model,
 # KV cache, compute) are read from its own log: a row whose sum exceeds the budget is marked.
+# Tandem's lines add the share of the expert bytes its prefill copied and, from `run
+# --routing-stats`, how concentrated the file's routers are.
 # Usage (repo root, .gpu-tools/ holding the GPU kit):
 #   OUT=/tmp/out BUDGET=8 NCMOE="26 27 28 30 32" SKEWS="0 3" bash scripts/gpu_moe_budget.sh
 set -u
@@ -32,7 +34,11 @@ for skew in $SKEWS; do
     grep -E "\| *(pp512|tg64) *\|" $log | sed "s/^/llama.cpp -ncmoe $n (CUDA0 ${mib:-?} MiB, $fits) /"
   done
   timeout 400 $B bench -m $m --strategy auto --gpu-mem ${BUDGET}GiB -p 512 -n 64 -r $REPS -t 16 2>&1 |
-    grep -E "pp512|tg64|rror" | sed 's/^/tandem auto /'
+    grep -E "pp512|tg64|rror|streamed by expert" | sed 's/^/tandem auto /'
+  # How concentrated this file's routers are (a prompt of the README's first 3,000 bytes).
+  head -c 3000 README.md >$OUT/prompt.txt
+  timeout 200 $B run -m $m --strategy auto --gpu-mem ${BUDGET}GiB -t 16 -f $OUT/prompt.txt -n 32 \
+    --greedy --routing-stats 2>&1 >/dev/null | grep -E -A4 "^routing" | sed 's/^/tandem /'
   timeout 120 $B plan -m $m --strategy auto --gpu-mem ${BUDGET}GiB -c 576 -t 16 >$OUT/plan-skew$skew.txt 2>&1
   grep -E "^(residency|prefill|decode)|predicted" $OUT/plan-skew$skew.txt | head -8
 done
