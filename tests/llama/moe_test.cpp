@@ -223,6 +223,18 @@ TEST(MoeRouting, ASessionCountsEveryChoiceOfEveryLayer) {
   EXPECT_EQ(quiet.routing().steps, 0);
 }
 
+// The summaries of counts made by hand: two layers of four experts.
+TEST(MoeRouting, TopSharesAndUsedExpertsOfHandMadeCounts) {
+  RoutingStats r;
+  r.layers = {0, 1};
+  r.chosen = {{2, 0, 5, 3}, {0, 0, 0, 0}};
+  r.choices = {10, 0};
+  EXPECT_EQ(r.used(), (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ(r.top_share(1), (std::vector<double>{0.5, 0.0}));
+  EXPECT_EQ(r.top_share(2), (std::vector<double>{0.8, 0.0}));
+  EXPECT_EQ(r.top_share(9), (std::vector<double>{1.0, 0.0}));  // more than the experts: all
+}
+
 // Quantized weights: the CPU rounds activations to 8 bits (~1e-2 relative), so a token whose
 // last chosen and first excluded experts are that close may take the other one, a legitimate
 // difference no tolerance on the logits covers (a GPU's float products may do the same, more
