@@ -25,15 +25,13 @@ namespace tandem::cli {
 namespace {
 
 // The median, least and most of per-layer values, as "median M (min A, max B)".
-template <typename T>
-std::string spread(std::vector<T> v, const char* format) {
+std::string spread(const std::vector<double>& v, const char* format) {
   if (v.empty()) return "-";
-  std::sort(v.begin(), v.end());
-  char buf[128];
-  const double med = double(v[v.size() / 2]), lo = double(v.front()), hi = double(v.back());
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
   const std::string f =
       std::string("median ") + format + " (min " + format + ", max " + format + ")";
-  std::snprintf(buf, sizeof buf, f.c_str(), med, lo, hi);
+  char buf[128];
+  std::snprintf(buf, sizeof buf, f.c_str(), median(v), *lo, *hi);
   return buf;
 }
 
@@ -53,7 +51,9 @@ void print_routing(const RoutingStats& r, const LlamaConfig& c, std::ostream& os
                 r.layers.size(), (long long)c.n_expert, (long long)c.n_expert_used,
                 (long long)r.steps, (long long)r.choices.front());
   os << line;
-  os << "  experts chosen at least once in a layer: " << spread(r.used(), "%.0f") << "\n";
+  const std::vector<int64_t> used = r.used();
+  os << "  experts chosen at least once in a layer: "
+     << spread(std::vector<double>(used.begin(), used.end()), "%.0f") << "\n";
   for (size_t n : {size_t(c.n_expert_used), size_t(2 * c.n_expert_used), size_t(c.n_expert / 4)}) {
     if (n == 0 || n >= size_t(c.n_expert)) continue;
     std::vector<double> pct = r.top_share(n);

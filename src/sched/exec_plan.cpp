@@ -485,6 +485,7 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     return here;
   };
 
+  std::vector<int> reads;  // per storage: its reads by nodes, counted at the first expert copy
   for (const Node& node : graph.nodes()) {
     if (!is_compute(node.op)) continue;
     const int b = placement.backend_index(node.id);
@@ -516,15 +517,15 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
       // The expert tensor streamed for this product alone: copied by expert.
       const TensorDesc& a = graph.tensor(node.inputs[0]);
       const TensorId s = graph.storage_of(node.inputs[0]);
+      if (reads.empty()) {
+        reads.assign(graph.size(), 0);
+        for (const Node& reader : graph.nodes()) {
+          for (TensorId in : reader.inputs) ++reads[size_t(graph.storage_of(in))];
+        }
+      }
       for (size_t k = streamed_before; k < plan->streamed.size(); ++k) {
         StreamedCopy& c = plan->streamed[k];
-        if (c.storage != s || s != node.inputs[0]) continue;
-        bool only_reader = true;
-        for (const Node& other : graph.nodes()) {
-          if (other.id == node.id) continue;
-          for (TensorId in : other.inputs) only_reader = only_reader && graph.storage_of(in) != s;
-        }
-        if (!only_reader) continue;
+        if (c.storage != s || s != node.inputs[0] || reads[size_t(s)] != 1) continue;
         if (!a.is_contiguous() || a.ne[3] != 1 || a.ne[2] < 1 ||
             size_t(a.nb[2]) * size_t(a.ne[2]) != c.bytes) {
           continue;
@@ -646,9 +647,8 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
   // Every expert is copied ahead in a plan's first run (its flags all 1).
   size_t flags = 0;
   int flag_backend = -1;
-  for (StreamedCopy& c : plan->streamed) {
+  for (const StreamedCopy& c : plan->streamed) {
     if (c.n_expert == 0) continue;
-    c.used_offset = flags;
     flags += size_t(c.n_expert);
     flag_backend = c.backend;
   }
@@ -665,7 +665,9 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
     }
     std::memset(base, 1, flags);
     for (StreamedCopy& c : plan->streamed) {
-      if (c.n_expert > 0) c.used = base + c.used_offset;
+      if (c.n_expert == 0) continue;
+      c.used = base;
+      base += c.n_expert;
     }
   }
   for (StreamedCopy& c : plan->streamed) {

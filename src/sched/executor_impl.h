@@ -72,8 +72,7 @@ struct StreamedCopy {
   PtrRef ids;
   const int32_t* ids_ptr = nullptr;
   size_t n_ids = 0;
-  size_t used_offset = 0;   // its n_expert flags in ExecPlan::expert_flags
-  uint8_t* used = nullptr;  // written by the device (Backend::stream_routed_experts)
+  uint8_t* used = nullptr;  // its n_expert flags in ExecPlan::expert_flags, written by the device
 };
 
 enum class StepKind : uint8_t {

@@ -310,8 +310,10 @@ void down_combine_group(const OpContext& ctx, std::span<const NodeExecution> gro
   auto* out = static_cast<float*>(c.output.data);
   const size_t wrb = size_t(a.nb[1]);
   const int64_t chunks = (M + kDownItemRows - 1) / kDownItemRows;
-  std::vector<std::atomic<int64_t>> done(static_cast<size_t>(chunks));
-  for (auto& n : done) n.store(0, std::memory_order_relaxed);
+  // Products done per row range: the calling thread's, reused (no allocation a token).
+  thread_local std::vector<int64_t> tls_done;
+  std::vector<int64_t>& done = tls_done;
+  done.assign(size_t(chunks), 0);
   ctx.pool.parallel_chunks(k * chunks, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t j = i / chunks, r = i % chunks;
@@ -320,7 +322,9 @@ void down_combine_group(const OpContext& ctx, std::span<const NodeExecution> gro
       for_each_tile(m0, m1, 0, 1, [&](int64_t m, int rows, int64_t, int) {
         tile(x + size_t(m) * wrb, wrb, rows, act, j, 1, products + j * M + m, M);
       });
-      if (done[size_t(r)].fetch_add(1, std::memory_order_acq_rel) != k - 1) continue;
+      if (std::atomic_ref(done[size_t(r)]).fetch_add(1, std::memory_order_acq_rel) != k - 1) {
+        continue;
+      }
       // In order, as MoeCombine sums: the first scaled, the others added one by one.
       ctx.k.scale(products + m0, weights[0], out + m0, n);
       for (int64_t e = 1; e < k; ++e) {
