@@ -108,7 +108,10 @@ class Graph {
   // (a [K, M, n_expert]; b [K, 1 or k, T]) and their weighted sum.
   TensorId moe_route(TensorId logits, int32_t top_k);
   TensorId moe_weights(TensorId logits, TensorId ids, bool normalize);
-  TensorId expert_matmul(TensorId a, TensorId b, TensorId ids);
+  // With a map ([n_expert] i32), choice e reads a's expert map[e], or none (zeros) where
+  // map[e] < 0; `share` is the part of the choices expected to reach a (for cost estimates).
+  TensorId expert_matmul(TensorId a, TensorId b, TensorId ids, TensorId map = kNoTensor,
+                         float share = 1.0f);
   TensorId moe_combine(TensorId experts, TensorId weights);
   TensorId view(TensorId a, std::initializer_list<int64_t> ne, std::initializer_list<int64_t> nb,
                 int64_t offset_bytes);

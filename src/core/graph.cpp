@@ -209,8 +209,11 @@ TensorId Graph::moe_weights(TensorId logits, TensorId ids, bool normalize) {
   p.normalize = normalize;
   return add_node(OpKind::MoeWeights, {logits, ids}, p);
 }
-TensorId Graph::expert_matmul(TensorId a, TensorId b, TensorId ids) {
-  return add_node(OpKind::ExpertMatMul, {a, b, ids});
+TensorId Graph::expert_matmul(TensorId a, TensorId b, TensorId ids, TensorId map, float share) {
+  OpParams p;
+  p.scale = share;
+  if (map == kNoTensor) return add_node(OpKind::ExpertMatMul, {a, b, ids}, p);
+  return add_node(OpKind::ExpertMatMul, {a, b, ids, map}, p);
 }
 TensorId Graph::moe_combine(TensorId experts, TensorId weights) {
   return add_node(OpKind::MoeCombine, {experts, weights});

@@ -513,8 +513,10 @@ std::unique_ptr<ExecPlan> HybridExecutor::Impl::build_plan(const Graph& graph,
       ins.push_back(r);
       ex.inputs.push_back({&graph.tensor(in), nullptr});
     }
-    if (node.op == OpKind::ExpertMatMul && options.routed_expert_copies) {
-      // The expert tensor streamed for this product alone: copied by expert.
+    if (node.op == OpKind::ExpertMatMul && node.inputs.size() == 3 &&
+        options.routed_expert_copies) {
+      // The expert tensor streamed for this product alone: copied by expert (the ids name its
+      // experts; a product with a map copies its tensor whole).
       const TensorDesc& a = graph.tensor(node.inputs[0]);
       const TensorId s = graph.storage_of(node.inputs[0]);
       if (reads.empty()) {

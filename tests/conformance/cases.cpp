@@ -430,6 +430,30 @@ void moe_cases(Catalog& cat) {
     if (cat.large()) shapes.push_back({1024, 128, 8, 1, 2, 33});
     expert_matmul(d, shapes);
   }
+  // With a map: the router's n_map experts reach a's slots through it, or none (-1, zeros), as
+  // a layer split into its hot experts and the others. experts: a's slots.
+  struct Mapped {
+    int64_t K, M, experts, n_map, b_cols, k, tokens;
+  };
+  auto mapped = [&](DType d, const std::vector<Mapped>& shapes) {
+    for (const Mapped& s : shapes) {
+      Graph g;
+      TensorId a = weight(g, "a", d, {s.K, s.M, s.experts});
+      TensorId b = input(g, "b", DType::F32, {s.K, s.b_cols, s.tokens});
+      TensorId ids = input(g, "ids", DType::I32, {s.k, s.tokens});
+      TensorId map = input(g, "map", DType::I32, {s.n_map});
+      g.expert_matmul(a, b, ids, map);
+      cat.add("expert_matmul/" + dt(d) + ".f32.i32.i32/a" + dims({s.K, s.M, s.experts}) + "_b" +
+                  dims({s.K, s.b_cols, s.tokens}) + "_k" + std::to_string(s.k) + "_map" +
+                  std::to_string(s.n_map),
+              std::move(g), {{ids, Fill::RowIds, s.n_map}, {map, Fill::ExpertMap, s.experts}});
+    }
+  };
+  for (DType d : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
+    const int64_t K = d == DType::F32 || d == DType::F16 ? 37 : 64;
+    mapped(d, {{K, 17, 3, 8, 1, 2, 1}, {K, 33, 8, 8, 2, 2, 5}, {K, 16, 4, 16, 1, 4, 24}});
+  }
+  for (DType d : kKQuantDTypes) mapped(d, {{256, 17, 3, 8, 1, 2, 1}, {256, 7, 4, 16, 1, 4, 24}});
 
   struct C {
     int64_t n, k, tokens;

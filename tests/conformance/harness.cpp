@@ -53,6 +53,9 @@ std::vector<uint8_t> make_leaf_data(const TensorDesc& d, const LeafFill& f, Rng&
         case Fill::SequentialPositions:
           p[i] = int32_t(start + i);
           break;
+        case Fill::ExpertMap:
+          p[i] = int32_t(rng.below(uint64_t(f.limit) + 1)) - 1;
+          break;
         default:
           p[i] = int32_t(rng.below(2001)) - 1000;
       }

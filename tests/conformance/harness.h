@@ -37,6 +37,7 @@ enum class Fill : uint8_t {
   RandomPositions,      // i32 in [0, limit)
   SequentialPositions,  // start + t with start random and start + count <= limit
   CausalMask,           // f32 [n_kv, n_q]: random where kv <= q + (n_kv - n_q), else -inf
+  ExpertMap,            // i32 in [-1, limit): an expert's slot, or -1 (skipped)
 };
 
 struct LeafFill {

@@ -52,6 +52,17 @@ TensorDesc infer_expert_matmul(OpInference& c) {
            "' " + shape_string(b) + " [K, 1 or k, tokens] with the same K");
   }
   expect_ids(c, 2, b.ne[2]);
+  if (c.inputs.size() > 3) {
+    const TensorDesc& map = c.in(3);
+    c.expect_dtype(3, {DType::I32}, "map");
+    if (map.n_dims > 1) {
+      c.fail("map '" + map.name + "' " + shape_string(map) +
+             " must be [n_expert]: one entry per expert");
+    }
+  }
+  if (!(c.params.scale > 0.0f && c.params.scale <= 1.0f)) {
+    c.fail("share " + std::to_string(c.params.scale) + " must be in (0, 1]");
+  }
   const int64_t k = c.in(2).ne[0];
   if (b.ne[1] != 1 && b.ne[1] != k) {
     c.fail("b '" + b.name + "' " + shape_string(b) + " must have 1 or " + std::to_string(k) +
@@ -84,7 +95,9 @@ void work_weights(const Graph& g, const Node& n, OpWork& w) {
 
 void work_expert_matmul(const Graph& g, const Node& n, OpWork& w) {
   const TensorDesc &a = g.tensor(n.inputs[0]), &ids = g.tensor(n.inputs[2]);
-  const double products = double(ids.elements());
+  // With a map, the share of the choices expected to name an expert of `a` (the rest are
+  // skipped): a product over a layer's hot experts, or over the others.
+  const double products = double(ids.elements()) * double(n.params.scale);
   w.flops = 2.0 * double(a.ne[0]) * double(a.ne[1]) * products;
   // Only the chosen experts' matrices are read: at most one per (token, choice).
   const double read = std::min(double(a.ne[2]), products) / double(a.ne[2]);
@@ -115,9 +128,12 @@ constexpr OpDescriptor kOps[] = {
      .work = work_weights},
     {.op = OpKind::ExpertMatMul,
      .name = "expert_matmul",
-     .doc = "a [K, M, n_expert] x b [K, 1 or k, T] for the experts ids [k, T] -> f32 [M, k, T]",
+     .doc = "a [K, M, n] x b [K, 1 or k, T] for the experts ids [k, T] -> f32 [M, k, T]; with a "
+            "map [n_expert], choice e reads a's expert map[e], and map[e] < 0 gives zeros "
+            "(scale: the share of choices expected to reach a, for costs)",
      .min_inputs = 3,
-     .max_inputs = 3,
+     .max_inputs = 4,
+     .attributes = kAttrScale,
      .infer = infer_expert_matmul,
      .work = work_expert_matmul},
     {.op = OpKind::MoeCombine,

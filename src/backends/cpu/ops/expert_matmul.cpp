@@ -1,4 +1,5 @@
-// ExpertMatMul (ggml's MUL_MAT_ID): out[:, j, t] = expert ids[j, t]'s matrix x b[:, j or 0, t].
+// ExpertMatMul (ggml's MUL_MAT_ID): out[:, j, t] = expert ids[j, t]'s matrix x b[:, j or 0, t],
+// or with a map, expert map[ids[j, t]]'s, and zeros (no product) where that entry is negative.
 // The (token, choice) pairs are grouped by expert and each chosen expert's weights multiply all
 // of its pairs' columns: every expert's weights are read once per call, and experts nobody chose
 // are not read at all. Q4_0 / Q8_0 weights take all experts in one pass over the pool (columns
@@ -31,12 +32,13 @@ struct ExpertScratch {
 };
 
 // The quantized experts of one call: the pairs' columns quantized in expert order (column s is
-// pair order[s]), then each work item multiplies kItemRows weight rows of one expert with all of
-// that expert's columns (AMX tiles where the expert has a full tile of columns), into products
-// [pairs, M] in expert order, copied to out by pair at the end. Decode (8 experts x 768 rows)
-// was 16 pool dispatches of one expert each, ~35 GB/s of weights on 16 threads.
+// pair order[s]; skipped pairs are in no expert's bucket), then each work item multiplies kItemRows
+// weight rows of one expert with all of that expert's columns (AMX tiles where the expert has a
+// full tile of columns), into products [pairs, M] in expert order, copied to out by pair at the
+// end. Decode (8 experts x 768 rows) was 16 pool dispatches of one expert each, ~35 GB/s of weights
+// on 16 threads.
 void quantized_experts(const OpContext& ctx, const TensorDesc& a, const uint8_t* abase,
-                       const float* bdata, int64_t b_cols, int64_t k,
+                       const float* bdata, int64_t b_cols, int64_t k, int64_t tokens,
                        const std::vector<int64_t>& first, const std::vector<int64_t>& order,
                        float* out) {
   const Kernels& kern = ctx.k;
@@ -47,7 +49,7 @@ void quantized_experts(const OpContext& ctx, const TensorDesc& a, const uint8_t*
   ExpertScratch& s = tls;
   // One token whose every choice reads the same column (decode's gate and up products): that
   // column is quantized once, and every pair's products read activation column 0.
-  const bool shared_column = b_cols == 1 && pairs == k;
+  const bool shared_column = b_cols == 1 && tokens == 1;
   const int64_t columns = shared_column ? 1 : pairs;
   s.qs.resize(size_t(columns * K));
   s.d.resize(size_t(columns * nb));
@@ -154,39 +156,72 @@ void quantized_experts(const OpContext& ctx, const TensorDesc& a, const uint8_t*
                         });
 }
 
-// The node's expert ids, every one checked against the experts it has (the ids are data).
-const int32_t* checked_ids(const NodeExecution& e) {
-  const auto* ids = static_cast<const int32_t*>(e.inputs[2].data);
+// The experts of a node's choices: ids[p], or with a map (the 4th input) map[ids[p]], where a
+// negative entry skips the choice. Every choice is checked on construction (ids and map are
+// data): an id must name a map entry (or an expert), and an entry an expert or none.
+class ExpertChoices {
+ public:
+  explicit ExpertChoices(const NodeExecution& e);
+  // The expert of choice p = t * k + j, negative where the choice is skipped (zeros).
+  int32_t expert(int64_t p) const { return map_ ? map_[ids_[p]] : ids_[p]; }
+
+ private:
+  const int32_t* ids_;
+  const int32_t* map_;
+};
+
+ExpertChoices::ExpertChoices(const NodeExecution& e)
+    : ids_(static_cast<const int32_t*>(e.inputs[2].data)),
+      map_(e.inputs.size() > 3 ? static_cast<const int32_t*>(e.inputs[3].data) : nullptr) {
   const int64_t n_expert = e.inputs[0].desc->ne[2];
-  for (int64_t j = 0; j < e.inputs[2].desc->elements(); ++j) {
-    if (ids[j] < 0 || ids[j] >= n_expert) {
+  const int64_t n_ids = map_ ? e.inputs[3].desc->ne[0] : n_expert;
+  for (int64_t p = 0; p < e.inputs[2].desc->elements(); ++p) {
+    if (ids_[p] < 0 || ids_[p] >= n_ids) {
+      throw_error(
+          ErrorCode::InvalidArgument, "cpu expert_matmul",
+          "expert id " + std::to_string(ids_[p]) + " is not in [0, " + std::to_string(n_ids) + ")");
+    }
+    if (map_ && map_[ids_[p]] >= n_expert) {
       throw_error(ErrorCode::InvalidArgument, "cpu expert_matmul",
-                  "expert id " + std::to_string(ids[j]) + " is not in [0, " +
-                      std::to_string(n_expert) + ")");
+                  "map entry " + std::to_string(map_[ids_[p]]) + " of expert id " +
+                      std::to_string(ids_[p]) + " is not in [0, " + std::to_string(n_expert) +
+                      ") nor negative (skipped)");
     }
   }
-  return ids;
 }
 
 void run_expert_matmul(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc &a = *e.inputs[0].desc, &b = *e.inputs[1].desc, &id = *e.inputs[2].desc;
   const auto* abase = static_cast<const uint8_t*>(e.inputs[0].data);
   const auto* bdata = static_cast<const float*>(e.inputs[1].data);
-  const int32_t* ids = checked_ids(e);
+  const ExpertChoices choices(e);
   auto* out = static_cast<float*>(e.output.data);
   const int64_t K = a.ne[0], M = a.ne[1], n_expert = a.ne[2], k = id.ne[0], T = id.ne[1];
   const int64_t pairs = k * T;
 
-  // Pairs sorted by expert (counting sort, stable: token order within an expert).
+  // Pairs sorted by expert (counting sort, stable: token order within an expert); a skipped
+  // pair is in no bucket, its output column zeros.
   std::vector<int64_t> first(static_cast<size_t>(n_expert + 1), 0);
-  for (int64_t p = 0; p < pairs; ++p) ++first[size_t(ids[p]) + 1];
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int32_t x = choices.expert(p);
+    if (x >= 0) {
+      ++first[size_t(x) + 1];
+    } else {
+      std::fill(out + p * M, out + (p + 1) * M, 0.0f);
+    }
+  }
   for (int64_t x = 0; x < n_expert; ++x) first[size_t(x + 1)] += first[size_t(x)];
-  std::vector<int64_t> order(static_cast<size_t>(pairs)), next(first.begin(), first.end() - 1);
-  for (int64_t p = 0; p < pairs; ++p) order[size_t(next[size_t(ids[p])]++)] = p;
+  if (first[size_t(n_expert)] == 0) return;  // every choice skipped
+  std::vector<int64_t> order(static_cast<size_t>(first[size_t(n_expert)]));
+  std::vector<int64_t> next(first.begin(), first.end() - 1);
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int32_t x = choices.expert(p);
+    if (x >= 0) order[size_t(next[size_t(x)]++)] = p;
+  }
 
   const bool quantized = dtype_traits(a.dtype).is_quantized;
   if ((a.dtype == DType::Q4_0 || a.dtype == DType::Q8_0) && int8_activations(M, 1)) {
-    quantized_experts(ctx, a, abase, bdata, b.ne[1], k, first, order, out);
+    quantized_experts(ctx, a, abase, bdata, b.ne[1], k, T, first, order, out);
     return;
   }
   int64_t widest = 0;
@@ -235,10 +270,29 @@ constexpr int64_t kGroupItemRows = 32;
 // 8 runs of 14 KB: 57-66 GB/s on 16 threads where gate and up read 87).
 constexpr int64_t kDownItemRows = 128;
 
+// Whether x's bytes share memory with e's map (never without one).
+bool overlaps_map(const TensorRef& x, const NodeExecution& e) {
+  return e.inputs.size() > 3 && overlaps(x, e.inputs[3]);
+}
+
+// Whether two ExpertMatMuls read their experts through one map (the same memory), or neither
+// has one: their choices then name the same experts.
+bool same_map(const NodeExecution& x, const NodeExecution& y) {
+  if (x.inputs.size() != y.inputs.size()) return false;
+  return x.inputs.size() < 4 || (x.inputs[3].data == y.inputs[3].data &&
+                                 x.inputs[3].desc->ne[0] == y.inputs[3].desc->ne[0]);
+}
+
 // A one-token ExpertMatMul of Q4_0 / Q8_0 experts with 8-bit activations: b [K, 1 or k, 1],
-// ids [k, 1], out [M, k, 1], none sharing memory with another.
+// ids [k, 1], a contiguous map or none, out [M, k, 1], none sharing memory with another.
 bool one_token_experts(const NodeExecution& e) {
-  if (e.node->op != OpKind::ExpertMatMul || e.inputs.size() != 3) return false;
+  if (e.node->op != OpKind::ExpertMatMul || e.inputs.size() < 3 || e.inputs.size() > 4) {
+    return false;
+  }
+  if (e.inputs.size() == 4 && (e.inputs[3].desc->dtype != DType::I32 ||
+                               !e.inputs[3].desc->is_contiguous() || overlaps_map(e.output, e))) {
+    return false;
+  }
   const TensorDesc &a = *e.inputs[0].desc, &b = *e.inputs[1].desc, &id = *e.inputs[2].desc;
   const TensorDesc& out = *e.output.desc;
   const int64_t k = id.ne[0];
@@ -257,12 +311,12 @@ bool disjoint_or_same(const TensorRef& x, const TensorRef& y) {
 }
 
 // Gate and up (and their SwiGLU): every item multiplies kGroupItemRows rows of one chosen
-// expert's gate and up matrices with the token's column.
+// expert's gate and up matrices with the token's column; a skipped choice's items give zeros.
 void gate_up_group(const OpContext& ctx, std::span<const NodeExecution> group) {
   const NodeExecution &g = group[0], &u = group[1];
   const TensorDesc& a = *g.inputs[0].desc;
   const int64_t K = a.ne[0], M = a.ne[1], k = g.inputs[2].desc->ne[0];
-  const int32_t* ids = checked_ids(g);
+  const ExpertChoices choices(g);  // up's too: the same ids and map
   const QuantizedActivations act =
       quantize_columns(ctx, static_cast<const float*>(g.inputs[1].data), K, 1);
   const auto tile = quantized_tile(ctx.k, a.dtype);
@@ -277,14 +331,20 @@ void gate_up_group(const OpContext& ctx, std::span<const NodeExecution> group) {
     float gv[kGroupItemRows], uv[kGroupItemRows];
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t j = i / chunks, m0 = (i % chunks) * kGroupItemRows;
-      const int64_t m1 = std::min(M, m0 + kGroupItemRows);
-      const uint8_t* xg = wg + ids[j] * g.inputs[0].desc->nb[2];
-      const uint8_t* xu = wu + ids[j] * u.inputs[0].desc->nb[2];
-      for_each_tile(m0, m1, 0, 1, [&](int64_t m, int rows, int64_t, int) {
-        tile(xg + size_t(m) * wrb, wrb, rows, act, 0, 1, gv + (m - m0), kGroupItemRows);
-        tile(xu + size_t(m) * wrb, wrb, rows, act, 0, 1, uv + (m - m0), kGroupItemRows);
-      });
-      const int64_t n = m1 - m0, at = j * M + m0;
+      const int64_t m1 = std::min(M, m0 + kGroupItemRows), n = m1 - m0, at = j * M + m0;
+      const int32_t x = choices.expert(j);
+      if (x < 0) {
+        // Zeros, and their SwiGLU by the same kernel as the node alone runs over them.
+        std::fill(gv, gv + n, 0.0f);
+        std::fill(uv, uv + n, 0.0f);
+      } else {
+        const uint8_t* xg = wg + x * g.inputs[0].desc->nb[2];
+        const uint8_t* xu = wu + x * u.inputs[0].desc->nb[2];
+        for_each_tile(m0, m1, 0, 1, [&](int64_t m, int rows, int64_t, int) {
+          tile(xg + size_t(m) * wrb, wrb, rows, act, 0, 1, gv + (m - m0), kGroupItemRows);
+          tile(xu + size_t(m) * wrb, wrb, rows, act, 0, 1, uv + (m - m0), kGroupItemRows);
+        });
+      }
       std::copy(gv, gv + n, gate + at);
       std::copy(uv, uv + n, up + at);
       if (s) ctx.k.swiglu(gv, uv, s + at, n);
@@ -294,12 +354,13 @@ void gate_up_group(const OpContext& ctx, std::span<const NodeExecution> group) {
 
 // Down and MoeCombine: every item multiplies kDownItemRows rows of one chosen expert's down
 // matrix with that choice's column (a long run of one expert's rows, as a dense product reads
-// them); the item that completes a row range sums its k products by the router's weights.
+// them), or zeros for a skipped choice; the item that completes a row range sums its k products
+// by the router's weights.
 void down_combine_group(const OpContext& ctx, std::span<const NodeExecution> group) {
   const NodeExecution &d = group[0], &c = group[1];
   const TensorDesc& a = *d.inputs[0].desc;
   const int64_t K = a.ne[0], M = a.ne[1], k = d.inputs[2].desc->ne[0];
-  const int32_t* ids = checked_ids(d);
+  const ExpertChoices choices(d);
   const QuantizedActivations act =
       quantize_columns(ctx, static_cast<const float*>(d.inputs[1].data), K, k);
   const std::vector<float> weights(static_cast<const float*>(c.inputs[1].data),
@@ -318,10 +379,15 @@ void down_combine_group(const OpContext& ctx, std::span<const NodeExecution> gro
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t j = i / chunks, r = i % chunks;
       const int64_t m0 = r * kDownItemRows, m1 = std::min(M, m0 + kDownItemRows), n = m1 - m0;
-      const uint8_t* x = w + ids[j] * a.nb[2];
-      for_each_tile(m0, m1, 0, 1, [&](int64_t m, int rows, int64_t, int) {
-        tile(x + size_t(m) * wrb, wrb, rows, act, j, 1, products + j * M + m, M);
-      });
+      const int32_t x = choices.expert(j);
+      if (x < 0) {
+        std::fill(products + j * M + m0, products + j * M + m1, 0.0f);
+      } else {
+        const uint8_t* wx = w + x * a.nb[2];
+        for_each_tile(m0, m1, 0, 1, [&](int64_t m, int rows, int64_t, int) {
+          tile(wx + size_t(m) * wrb, wrb, rows, act, j, 1, products + j * M + m, M);
+        });
+      }
       if (std::atomic_ref(done[size_t(r)]).fetch_add(1, std::memory_order_acq_rel) != k - 1) {
         continue;
       }
@@ -342,14 +408,16 @@ size_t expert_group_size(const OpContext& /*ctx*/, std::span<const NodeExecution
   const TensorDesc& a = *e0.inputs[0].desc;
   const int64_t k = e0.inputs[2].desc->ne[0];
   if (e0.inputs[1].desc->ne[1] == 1) {
-    // Gate and up: the same column and ids, matrices of one shape and dtype, outputs apart.
+    // Gate and up: the same column, ids and map (or none), matrices of one shape and dtype,
+    // outputs apart.
     const TensorDesc& a1 = *e1.inputs[0].desc;
     if (!one_token_experts(e1) || e1.inputs[1].data != e0.inputs[1].data ||
         e1.inputs[1].desc->ne[1] != 1 || e1.inputs[2].data != e0.inputs[2].data ||
-        e1.inputs[2].desc->ne[0] != k || a1.dtype != a.dtype || a1.ne[0] != a.ne[0] ||
-        a1.ne[1] != a.ne[1] || a1.nb[1] != a.nb[1] || overlaps(e0.output, e1.output) ||
-        overlaps(e1.output, e0.inputs[1]) || overlaps(e1.output, e0.inputs[2]) ||
-        overlaps(e0.output, e1.inputs[1]) || overlaps(e0.output, e1.inputs[2])) {
+        e1.inputs[2].desc->ne[0] != k || !same_map(e0, e1) || a1.dtype != a.dtype ||
+        a1.ne[0] != a.ne[0] || a1.ne[1] != a.ne[1] || a1.ne[2] != a.ne[2] || a1.nb[1] != a.nb[1] ||
+        overlaps(e0.output, e1.output) || overlaps(e1.output, e0.inputs[1]) ||
+        overlaps(e1.output, e0.inputs[2]) || overlaps(e0.output, e1.inputs[1]) ||
+        overlaps(e0.output, e1.inputs[2])) {
       return 1;
     }
     if (execs.size() < 3) return 2;
@@ -360,8 +428,8 @@ size_t expert_group_size(const OpContext& /*ctx*/, std::span<const NodeExecution
         e2.output.desc->dtype == DType::F32 &&
         e2.output.desc->elements() == e0.output.desc->elements() &&
         e2.output.desc->is_contiguous() && !overlaps(e2.output, e0.inputs[1]) &&
-        !overlaps(e2.output, e0.inputs[2]) && disjoint_or_same(e0.output, e2.output) &&
-        disjoint_or_same(e1.output, e2.output);
+        !overlaps(e2.output, e0.inputs[2]) && !overlaps_map(e2.output, e0) &&
+        disjoint_or_same(e0.output, e2.output) && disjoint_or_same(e1.output, e2.output);
     return swiglu ? 3 : 2;
   }
   // Down and MoeCombine of its products by k weights of one token.
@@ -371,7 +439,7 @@ size_t expert_group_size(const OpContext& /*ctx*/, std::span<const NodeExecution
                        e1.inputs[1].desc->elements() == k && e1.output.desc->dtype == DType::F32 &&
                        e1.output.desc->elements() == a.ne[1] && e1.output.desc->is_contiguous() &&
                        !overlaps(e1.output, e0.inputs[1]) && !overlaps(e1.output, e0.inputs[2]) &&
-                       !overlaps(e1.output, e1.inputs[1]) &&
+                       !overlaps_map(e1.output, e0) && !overlaps(e1.output, e1.inputs[1]) &&
                        (e1.output.data == e0.output.data || !overlaps(e1.output, e0.output));
   return combine ? 2 : 1;
 }

@@ -1,7 +1,8 @@
 // ExpertMatMul with quantized weights (MoE layers): one warp per output row of each (token,
 // choice) for decode, gate + up + SwiGLU as one launch, and the (token, choice) pairs grouped by
 // expert for prefill. The int8 row loops and b's quantization are the matrix-vector kernels'
-// (matvec.cuh).
+// (matvec.cuh). Every path takes the product's map (ExpertMap): a choice it has no matrix for
+// reads no weights and gets a column of zeros.
 #include <span>
 
 #include "common.cuh"
@@ -16,23 +17,24 @@ constexpr int kWarps = 4;
 
 // ExpertMatMul with quantized weights: one warp per output row of each (token, choice) z, the
 // chosen expert's row times b's column for z (b quantized once, as for a matrix-vector
-// product). The expert comes from data, so nothing is fetched before the wait.
-template <DType kType>
+// product). The expert comes from data, so nothing is fetched before the wait. kMapped: whether
+// the product has a map; the instances without keep its check out (Q4_K took 2 more registers).
+template <DType kType, bool kMapped>
 __global__ __launch_bounds__(kWarps * 32) void expert_matvec_kernel(
     const uint8_t* a, int64_t row_stride, int64_t expert_stride, int64_t n_expert, int M, int64_t K,
-    const int8_t* bq, const float* bd, int64_t b_cols, const int32_t* ids, int k, float* out,
-    int32_t* error_flag) {
+    const int8_t* bq, const float* bd, int64_t b_cols, const int32_t* ids, ExpertMap map, int k,
+    float* out, int32_t* error_flag) {
   grid_dependency_wait();
   const int row = blockIdx.x * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= M) return;
   const int64_t z = blockIdx.y, col = b_cols == 1 ? z / k : z;
-  const int32_t expert = ids[z];
+  const int32_t expert = expert_of(ids[z], kMapped ? map : ExpertMap{}, n_expert);
   out += z * M;
-  if (expert < 0 || expert >= n_expert) {
+  if (expert < 0) {
     if (lane == 0) {
       out[row] = 0.0f;
-      atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
+      if (expert == kBadExpert) atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
     }
     return;
   }
@@ -51,27 +53,28 @@ __global__ __launch_bounds__(kWarps * 32) void expert_matvec_kernel(
   }
 }
 
-// Gate and up ExpertMatMul of one b and one set of ids, then the SwiGlu of their outputs (a MoE
-// layer's decode): one launch whose warps take row m of both chosen experts' matrices and write
-// both products and silu(gate) * up.
-template <DType kType>
+// Gate and up ExpertMatMul of one b, one set of ids and one map, then the SwiGlu of their
+// outputs (a MoE layer's decode): one launch whose warps take row m of both chosen experts'
+// matrices and write both products and silu(gate) * up. kMapped as for expert_matvec_kernel.
+template <DType kType, bool kMapped>
 __global__ __launch_bounds__(kWarps * 32) void expert_gate_up_kernel(
     const uint8_t* gate_w, const uint8_t* up_w, int64_t row_stride, int64_t expert_stride,
     int64_t n_expert, int M, int64_t K, const int8_t* bq, const float* bd, int64_t b_cols,
-    const int32_t* ids, int k, float* gate_out, float* up_out, float* glu, int32_t* error_flag) {
+    const int32_t* ids, ExpertMap map, int k, float* gate_out, float* up_out, float* glu,
+    int32_t* error_flag) {
   grid_dependency_wait();
   const int row = blockIdx.x * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= M) return;
   const int64_t z = blockIdx.y, col = b_cols == 1 ? z / k : z;
-  const int32_t expert = ids[z];
+  const int32_t expert = expert_of(ids[z], kMapped ? map : ExpertMap{}, n_expert);
   gate_out += z * M;
   up_out += z * M;
   glu += z * M;
-  if (expert < 0 || expert >= n_expert) {
+  if (expert < 0) {
     if (lane == 0) {
       gate_out[row] = up_out[row] = glu[row] = 0.0f;
-      atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
+      if (expert == kBadExpert) atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
     }
     return;
   }
@@ -105,12 +108,13 @@ __global__ __launch_bounds__(kWarps * 32) void expert_gate_up_kernel(
 // The down ExpertMatMul of a MoE layer's decode and the MoeCombine of its output: one launch
 // whose warps take row m of every chosen expert's matrix for one token t, write each choice's
 // product (the ExpertMatMul's output) and their sum weighted by w (the combine's, in the same
-// order as moe_combine_kernel).
-template <DType kType>
+// order as moe_combine_kernel). A choice the map skips is a product of zeros in both. kMapped as
+// for expert_matvec_kernel.
+template <DType kType, bool kMapped>
 __global__ __launch_bounds__(kWarps * 32) void expert_down_combine_kernel(
     const uint8_t* a, int64_t row_stride, int64_t expert_stride, int64_t n_expert, int M, int64_t K,
-    const int8_t* bq, const float* bd, int64_t b_cols, const int32_t* ids, int k, const float* w,
-    float* experts_out, float* out, int32_t* error_flag) {
+    const int8_t* bq, const float* bd, int64_t b_cols, const int32_t* ids, ExpertMap map, int k,
+    const float* w, float* experts_out, float* out, int32_t* error_flag) {
   grid_dependency_wait();
   const int row = blockIdx.x * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -119,11 +123,11 @@ __global__ __launch_bounds__(kWarps * 32) void expert_down_combine_kernel(
   float acc = 0.0f;
   for (int j = 0; j < k; ++j) {
     const int64_t z = t * k + j, col = b_cols == 1 ? t : z;
-    const int32_t expert = ids[z];
+    const int32_t expert = expert_of(ids[z], kMapped ? map : ExpertMap{}, n_expert);
     float* eo = experts_out + z * M;
     float v = 0.0f;
-    if (expert < 0 || expert >= n_expert) {
-      if (lane == 0) atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
+    if (expert < 0) {
+      if (expert == kBadExpert && lane == 0) atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
     } else {
       const uint8_t* ar = a + expert * expert_stride + row * row_stride;
       const int8_t* bqc = bq + col * K;
@@ -150,31 +154,33 @@ __global__ __launch_bounds__(kWarps * 32) void expert_down_combine_kernel(
 // device, then each expert's rows read once per tile of up to kExpertTile pairs instead of once
 // per pair, and multiplied on the tensor cores. moe_group_kernel (one block) counts the pairs per
 // expert, lays the groups out one after another (pairs[]), and lists the tiles (expert, first pair,
-// pairs) for the product.
+// pairs) for the product. The pairs that read no matrix (skipped by the map, or with an invalid
+// id) come last, in no tile: expert_zero_kernel writes their zeros where the product has a map.
 constexpr int kExpertTile = 32;
 constexpr int kMaxGroupedExperts = 2048;  // counts, cursors and offsets in shared memory
 struct ExpertGroups {
-  int32_t* pairs;        // [pairs]: z = t * k + j, grouped by expert
+  int32_t* pairs;        // [pairs]: z = t * k + j, grouped by expert, then those that read none
   int32_t* tile_expert;  // [max_tiles]
   int32_t* tile_start;   // index into pairs
   int32_t* tile_count;
   int32_t* n_tiles;
+  int32_t* unread;  // [2]: index into pairs and number of the pairs that read no matrix
 };
 
-__global__ void moe_group_kernel(const int32_t* ids, int64_t n_pairs, int n_expert, ExpertGroups g,
-                                 int32_t* error_flag) {
-  __shared__ int32_t count[kMaxGroupedExperts], offset[kMaxGroupedExperts],
-      cursor[kMaxGroupedExperts];
+__global__ void moe_group_kernel(const int32_t* ids, ExpertMap map, int64_t n_pairs, int n_expert,
+                                 ExpertGroups g, int32_t* error_flag) {
+  // Groups 0 .. n_expert - 1 are a's matrices, group n_expert the pairs that read none.
+  __shared__ int32_t count[kMaxGroupedExperts + 1], offset[kMaxGroupedExperts + 1],
+      cursor[kMaxGroupedExperts + 1];
   grid_dependency_wait();
-  for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = cursor[e] = 0;
+  const int n_groups = n_expert + 1;
+  auto group_of = [&](int32_t expert) { return expert < 0 ? n_expert : int(expert); };
+  for (int e = threadIdx.x; e < n_groups; e += blockDim.x) count[e] = cursor[e] = 0;
   __syncthreads();
   for (int64_t z = threadIdx.x; z < n_pairs; z += blockDim.x) {
-    const int32_t e = ids[z];
-    if (e < 0 || e >= n_expert) {
-      atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
-      continue;
-    }
-    atomicAdd(&count[e], 1);
+    const int32_t e = expert_of(ids[z], map, n_expert);
+    if (e == kBadExpert) atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
+    atomicAdd(&count[group_of(e)], 1);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -188,14 +194,30 @@ __global__ void moe_group_kernel(const int32_t* ids, int64_t n_pairs, int n_expe
       }
       at += count[e];
     }
+    offset[n_expert] = at;
     *g.n_tiles = tiles;
+    g.unread[0] = at;
+    g.unread[1] = count[n_expert];
   }
   __syncthreads();
   for (int64_t z = threadIdx.x; z < n_pairs; z += blockDim.x) {
-    const int32_t e = ids[z];
-    if (e < 0 || e >= n_expert) continue;
-    g.pairs[offset[e] + atomicAdd(&cursor[e], 1)] = int32_t(z);
+    const int group = group_of(expert_of(ids[z], map, n_expert));
+    g.pairs[offset[group] + atomicAdd(&cursor[group], 1)] = int32_t(z);
   }
+}
+
+// Zeros in the output columns of the pairs that read no matrix: one thread per row, one block
+// per kExpertTile of those pairs (the grid has room for every pair).
+constexpr int kZeroThreads = 128;
+__global__ __launch_bounds__(kZeroThreads) void expert_zero_kernel(int M, ExpertGroups g,
+                                                                   float* out) {
+  grid_dependency_wait();
+  const int first = int(blockIdx.y) * kExpertTile, count = g.unread[1];
+  const int row = int(blockIdx.x) * kZeroThreads + int(threadIdx.x);
+  if (first >= count || row >= M) return;
+  const int32_t* pairs = g.pairs + g.unread[0] + first;
+  const int n = min(kExpertTile, count - first);
+  for (int c = 0; c < n; ++c) out[int64_t(pairs[c]) * M + row] = 0.0f;
 }
 
 // D += A * B on the tensor cores, int8 in, int32 out: A 16 x 32 (row-major fragments a0..a3),
@@ -214,9 +236,8 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], const int (&a)[4], int b0, i
 // 32-element block k of the row, one mma per fragment pair gives the int32 dot products of the
 // weights' quants with b's int8 quants, scaled into the f32 sums by both blocks' scales (as
 // ggml's q8_1 products: the scales change every 32 elements). A short tile repeats its first
-// pair and does not write the copies; rows past M read row M - 1 and are not written. A pair
-// with an invalid expert id was left out by the grouping: its output stays unwritten, and the
-// flag is raised.
+// pair and does not write the copies; rows past M read row M - 1 and are not written. The
+// pairs that read no matrix are not in the tiles (expert_zero_kernel writes their zeros).
 constexpr int kMmaWarps = 4, kMmaWarpRows = 32, kMmaRows = kMmaWarps * kMmaWarpRows;
 static_assert(kExpertTile == 32, "four 8-column fragments per warp");
 
@@ -483,8 +504,9 @@ size_t run_fused_expert_gate_up(const OpContext& ctx, std::span<const NodeExecut
   }
   const TensorDesc &ga = *gate.inputs[0].desc, &ua = *up.inputs[0].desc;
   const TensorDesc& out = *gate.output.desc;
-  if (ua.dtype != ga.dtype || ua.ne != ga.ne || ua.nb != ga.nb ||
-      up.inputs[1].data != gate.inputs[1].data ||
+  const ExpertMap map = expert_map_of(gate), up_map = expert_map_of(up);
+  if (ua.dtype != ga.dtype || ua.ne != ga.ne || ua.nb != ga.nb || up_map.map != map.map ||
+      up_map.n_map != map.n_map || up.inputs[1].data != gate.inputs[1].data ||
       up.inputs[1].desc->ne != gate.inputs[1].desc->ne ||
       up.inputs[2].data != gate.inputs[2].data ||
       up.inputs[2].desc->ne != gate.inputs[2].desc->ne || glu.inputs[0].data != gate.output.data ||
@@ -504,12 +526,14 @@ size_t run_fused_expert_gate_up(const OpContext& ctx, std::span<const NodeExecut
                   static_cast<const uint8_t*>(up.inputs[0].data), int64_t(ga.nb[1]),
                   int64_t(ga.nb[2]), ga.ne[2], M, ga.ne[0], static_cast<const int8_t*>(qb.bq),
                   static_cast<const float*>(qb.bd), b.ne[1],
-                  static_cast<const int32_t*>(gate.inputs[2].data), int(id.ne[0]),
+                  static_cast<const int32_t*>(gate.inputs[2].data), map, int(id.ne[0]),
                   static_cast<float*>(gate.output.data), static_cast<float*>(up.output.data),
                   static_cast<float*>(glu.output.data), ctx.error_flag),
               "expert_matmul + swiglu", "kernel launch");
   };
-  with_quantized_dtype(ga.dtype, [&](auto d) { go(expert_gate_up_kernel<d()>); });
+  with_quantized_dtype(ga.dtype, [&](auto d) {
+    go(map.map ? expert_gate_up_kernel<d(), true> : expert_gate_up_kernel<d(), false>);
+  });
   return 3;
 }
 
@@ -528,6 +552,7 @@ size_t run_fused_expert_down_combine(const OpContext& ctx, std::span<const NodeE
       (b.ne[1] != 1 && b.ne[1] != id.ne[0])) {
     return 0;
   }
+  const ExpertMap map = expert_map_of(down);
   const QuantizedB qb = quantize_b(ctx, b, down.inputs[1].data);
   const int M = int(a.ne[1]);
   const dim3 grid(unsigned((M + kWarps - 1) / kWarps), unsigned(id.ne[1]));
@@ -537,19 +562,22 @@ size_t run_fused_expert_down_combine(const OpContext& ctx, std::span<const NodeE
                             static_cast<const uint8_t*>(down.inputs[0].data), int64_t(a.nb[1]),
                             int64_t(a.nb[2]), a.ne[2], M, a.ne[0],
                             static_cast<const int8_t*>(qb.bq), static_cast<const float*>(qb.bd),
-                            b.ne[1], static_cast<const int32_t*>(down.inputs[2].data),
+                            b.ne[1], static_cast<const int32_t*>(down.inputs[2].data), map,
                             int(id.ne[0]), static_cast<const float*>(combine.inputs[1].data),
                             static_cast<float*>(down.output.data),
                             static_cast<float*>(combine.output.data), ctx.error_flag),
         "expert_matmul + moe_combine", "kernel launch");
   };
-  with_quantized_dtype(a.dtype, [&](auto d) { go(expert_down_combine_kernel<d()>); });
+  with_quantized_dtype(a.dtype, [&](auto d) {
+    go(map.map ? expert_down_combine_kernel<d(), true> : expert_down_combine_kernel<d(), false>);
+  });
   return 2;
 }
 
 bool launch_expert_matvec(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc &a = *e.inputs[0].desc, &b = *e.inputs[1].desc, &id = *e.inputs[2].desc;
   if (!expert_matvec_fits(e)) return false;
+  const ExpertMap map = expert_map_of(e);
   const QuantizedB qb = quantize_b(ctx, b, e.inputs[1].data);
   const int M = int(a.ne[1]);
   if (expert_grouped(e)) {
@@ -567,9 +595,10 @@ bool launch_expert_matvec(const OpContext& ctx, const NodeExecution& e) {
     g.tile_expert = take(size_t(max_tiles));
     g.tile_start = take(size_t(max_tiles));
     g.tile_count = take(size_t(max_tiles));
-    g.n_tiles = take(1);
+    g.n_tiles = take(3);  // and unread[2]
+    g.unread = g.n_tiles + 1;
     ctx.check(launch_programmatic(ctx.stream, dim3(1), dim3(1024), 0, moe_group_kernel,
-                                  static_cast<const int32_t*>(e.inputs[2].data), n_pairs,
+                                  static_cast<const int32_t*>(e.inputs[2].data), map, n_pairs,
                                   int(a.ne[2]), g, ctx.error_flag),
               "expert_matmul", "kernel launch");
     const dim3 grid(unsigned((M + kMmaRows - 1) / kMmaRows), unsigned(max_tiles));
@@ -584,6 +613,15 @@ bool launch_expert_matvec(const OpContext& ctx, const NodeExecution& e) {
                                   static_cast<const float*>(qb.bd), b.ne[1], int(id.ne[0]), g,
                                   static_cast<float*>(e.output.data)),
               "expert_matmul", "kernel launch");
+    if (map.map) {
+      // Without a map no choice is skipped (an invalid id's column is left as it is: the op
+      // fails at synchronize).
+      const dim3 zero_grid(unsigned((M + kZeroThreads - 1) / kZeroThreads),
+                           unsigned((n_pairs + kExpertTile - 1) / kExpertTile));
+      ctx.check(launch_programmatic(ctx.stream, zero_grid, dim3(kZeroThreads), 0,
+                                    expert_zero_kernel, M, g, static_cast<float*>(e.output.data)),
+                "expert_matmul", "kernel launch");
+    }
     return true;
   }
   const dim3 grid(unsigned((M + kWarps - 1) / kWarps), unsigned(id.ne[0] * id.ne[1]));
@@ -593,11 +631,13 @@ bool launch_expert_matvec(const OpContext& ctx, const NodeExecution& e) {
                             static_cast<const uint8_t*>(e.inputs[0].data), int64_t(a.nb[1]),
                             int64_t(a.nb[2]), a.ne[2], M, a.ne[0],
                             static_cast<const int8_t*>(qb.bq), static_cast<const float*>(qb.bd),
-                            b.ne[1], static_cast<const int32_t*>(e.inputs[2].data), int(id.ne[0]),
-                            static_cast<float*>(e.output.data), ctx.error_flag),
+                            b.ne[1], static_cast<const int32_t*>(e.inputs[2].data), map,
+                            int(id.ne[0]), static_cast<float*>(e.output.data), ctx.error_flag),
         "expert_matmul", "kernel launch");
   };
-  with_quantized_dtype(a.dtype, [&](auto d) { go(expert_matvec_kernel<d()>); });
+  with_quantized_dtype(a.dtype, [&](auto d) {
+    go(map.map ? expert_matvec_kernel<d(), true> : expert_matvec_kernel<d(), false>);
+  });
   return true;
 }
 

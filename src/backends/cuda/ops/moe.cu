@@ -2,8 +2,10 @@
 // MoeCombine, each as the reference defines it. One warp per token for routing and weights; the
 // expert product is one warp per output row of each (token, choice), reading only the chosen
 // experts' rows: quantized weights through the matrix-vector kernels' int8 dot products
-// (launch_expert_matvec), float weights element by element. Expert ids outside [0, n_expert) raise the device-side flag and their rows are
-// left as zeros (the next synchronize throws InvalidArgument).
+// (launch_expert_matvec), float weights element by element. With a map (expert -> matrix of a,
+// or none), a choice the map has no matrix for gives zeros. Expert ids outside [0, n_expert) (or
+// the map) raise the device-side flag and their rows are left as zeros (the next synchronize
+// throws InvalidArgument).
 #include <algorithm>
 
 #include "common.cuh"
@@ -46,8 +48,7 @@ __device__ __forceinline__ void route_token(const float* row, int64_t n, int k, 
 
 // softmax(row)[ids] over every expert, or (normalize) over the chosen ones. One warp.
 __device__ __forceinline__ void weigh_token(const float* row, const int32_t* ids, float* out,
-                                            int64_t n, int k, bool normalize,
-                                            int32_t* error_flag) {
+                                            int64_t n, int k, bool normalize, int32_t* error_flag) {
   const int lane = threadIdx.x % 32;
   float mx = -INFINITY;
   for (int64_t i = lane; i < n; i += 32) mx = fmaxf(mx, row[i]);
@@ -87,7 +88,8 @@ __global__ void moe_weights_kernel(const float* logits, const int32_t* ids, floa
   grid_launch_dependents();
   grid_dependency_wait();
   const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (t < tokens) weigh_token(logits + t * n, ids + t * k, out + t * k, n, k, normalize, error_flag);
+  if (t < tokens)
+    weigh_token(logits + t * n, ids + t * k, out + t * k, n, k, normalize, error_flag);
 }
 
 // MoeRoute and the MoeWeights of its ids in one launch: the warp reads back the ids it wrote.
@@ -102,12 +104,12 @@ __global__ void moe_route_weights_kernel(const float* logits, int32_t* ids, floa
   weigh_token(logits + t * n, ids + t * k, weights + t * k, n, k, normalize, error_flag);
 }
 
-// out[:, j, t] = a[:, :, ids[j, t]] x b[:, j or 0, t]: one warp per output row, blockIdx.y the
-// (token, choice).
+// out[:, j, t] = a[:, :, ids[j, t]] x b[:, j or 0, t] (a[:, :, map[ids[j, t]]] with a map, zeros
+// where it has none): one warp per output row, blockIdx.y the (token, choice).
 template <DType kType>
 __global__ __launch_bounds__(kWarps * 32) void expert_matmul_kernel(
-    const uint8_t* a, int64_t row_stride, int64_t expert_stride, int64_t n_expert, int M,
-    int64_t K, const float* b, int64_t b_cols, const int32_t* ids, int k, float* out,
+    const uint8_t* a, int64_t row_stride, int64_t expert_stride, int64_t n_expert, int M, int64_t K,
+    const float* b, int64_t b_cols, const int32_t* ids, ExpertMap map, int k, float* out,
     int32_t* error_flag) {
   grid_launch_dependents();
   grid_dependency_wait();
@@ -115,12 +117,12 @@ __global__ __launch_bounds__(kWarps * 32) void expert_matmul_kernel(
   const int lane = threadIdx.x % 32;
   if (m >= M) return;
   const int64_t jt = blockIdx.y, t = jt / k, j = jt % k;
-  const int32_t expert = ids[jt];
+  const int32_t expert = expert_of(ids[jt], map, n_expert);
   float* o = out + jt * M + m;
-  if (expert < 0 || expert >= n_expert) {
+  if (expert < 0) {
     if (lane == 0) {
       *o = 0.0f;
-      atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
+      if (expert == kBadExpert) atomicCAS(error_flag, kDeviceOk, kExpertIdOutOfRange);
     }
     return;
   }
@@ -149,24 +151,23 @@ __global__ void moe_combine_kernel(const float* experts, const float* w, float* 
 void run_moe_route(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& l = *e.inputs[0].desc;
   const int64_t tokens = l.ne[1];
-  ctx.check(launch_programmatic(ctx.stream, dim3(unsigned((tokens + kWarps - 1) / kWarps)),
-                                dim3(kWarps * 32), 0, moe_route_kernel,
-                                static_cast<const float*>(e.inputs[0].data),
-                                static_cast<int32_t*>(e.output.data), l.ne[0],
-                                int(e.node->params.top_k), tokens),
+  ctx.check(launch_programmatic(
+                ctx.stream, dim3(unsigned((tokens + kWarps - 1) / kWarps)), dim3(kWarps * 32), 0,
+                moe_route_kernel, static_cast<const float*>(e.inputs[0].data),
+                static_cast<int32_t*>(e.output.data), l.ne[0], int(e.node->params.top_k), tokens),
             "moe_route", "kernel launch");
 }
 
 void run_moe_weights(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& l = *e.inputs[0].desc;
   const int64_t tokens = l.ne[1];
-  ctx.check(launch_programmatic(
-                ctx.stream, dim3(unsigned((tokens + kWarps - 1) / kWarps)), dim3(kWarps * 32), 0,
-                moe_weights_kernel, static_cast<const float*>(e.inputs[0].data),
-                static_cast<const int32_t*>(e.inputs[1].data), static_cast<float*>(e.output.data),
-                l.ne[0], int(e.inputs[1].desc->ne[0]), tokens, e.node->params.normalize,
-                ctx.error_flag),
-            "moe_weights", "kernel launch");
+  ctx.check(
+      launch_programmatic(
+          ctx.stream, dim3(unsigned((tokens + kWarps - 1) / kWarps)), dim3(kWarps * 32), 0,
+          moe_weights_kernel, static_cast<const float*>(e.inputs[0].data),
+          static_cast<const int32_t*>(e.inputs[1].data), static_cast<float*>(e.output.data),
+          l.ne[0], int(e.inputs[1].desc->ne[0]), tokens, e.node->params.normalize, ctx.error_flag),
+      "moe_weights", "kernel launch");
 }
 
 size_t expert_matmul_scratch_bytes(const NodeExecution& e, int /*sm_count*/) {
@@ -179,12 +180,12 @@ void run_expert_matmul(const OpContext& ctx, const NodeExecution& e) {
   const int64_t M = a.ne[1], pairs = id.ne[0] * id.ne[1];
   const dim3 grid(unsigned((M + kWarps - 1) / kWarps), unsigned(pairs));
   auto go = [&](auto kernel) {
-    ctx.check(launch_programmatic(ctx.stream, grid, dim3(kWarps * 32), 0, kernel,
-                                  static_cast<const uint8_t*>(e.inputs[0].data), int64_t(a.nb[1]),
-                                  int64_t(a.nb[2]), a.ne[2], int(M), a.ne[0],
-                                  static_cast<const float*>(e.inputs[1].data), b.ne[1],
-                                  static_cast<const int32_t*>(e.inputs[2].data), int(id.ne[0]),
-                                  static_cast<float*>(e.output.data), ctx.error_flag),
+    ctx.check(launch_programmatic(
+                  ctx.stream, grid, dim3(kWarps * 32), 0, kernel,
+                  static_cast<const uint8_t*>(e.inputs[0].data), int64_t(a.nb[1]), int64_t(a.nb[2]),
+                  a.ne[2], int(M), a.ne[0], static_cast<const float*>(e.inputs[1].data), b.ne[1],
+                  static_cast<const int32_t*>(e.inputs[2].data), expert_map_of(e), int(id.ne[0]),
+                  static_cast<float*>(e.output.data), ctx.error_flag),
               "expert_matmul", "kernel launch");
   };
   switch (a.dtype) {
@@ -233,14 +234,13 @@ size_t run_fused_moe_route_weights(const OpContext& ctx, std::span<const NodeExe
     return 0;
   }
   const int64_t tokens = l.ne[1];
-  ctx.check(launch_programmatic(ctx.stream, dim3(unsigned((tokens + kWarps - 1) / kWarps)),
-                                dim3(kWarps * 32), 0, moe_route_weights_kernel,
-                                static_cast<const float*>(route.inputs[0].data),
-                                static_cast<int32_t*>(route.output.data),
-                                static_cast<float*>(weigh.output.data), l.ne[0],
-                                int(route.node->params.top_k), tokens, weigh.node->params.normalize,
-                                ctx.error_flag),
-            "moe_route + moe_weights", "kernel launch");
+  ctx.check(
+      launch_programmatic(
+          ctx.stream, dim3(unsigned((tokens + kWarps - 1) / kWarps)), dim3(kWarps * 32), 0,
+          moe_route_weights_kernel, static_cast<const float*>(route.inputs[0].data),
+          static_cast<int32_t*>(route.output.data), static_cast<float*>(weigh.output.data), l.ne[0],
+          int(route.node->params.top_k), tokens, weigh.node->params.normalize, ctx.error_flag),
+      "moe_route + moe_weights", "kernel launch");
   return 2;
 }
 

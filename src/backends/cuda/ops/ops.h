@@ -89,11 +89,11 @@ size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> se
 size_t run_fused_half_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - a residual Add and the RmsNorm of its sum (norm.cu);
 size_t run_fused_add_rms_norm(const OpContext& ctx, std::span<const NodeExecution> segment);
-// - gate and up ExpertMatMul of one b and one set of ids (quantized weights, fewer than 8
-//   tokens) and the SwiGlu of their outputs (expert_matmul.cu);
+// - gate and up ExpertMatMul of one b, one set of ids and one map or none (quantized weights,
+//   fewer than 8 tokens) and the SwiGlu of their outputs (expert_matmul.cu);
 size_t run_fused_expert_gate_up(const OpContext& ctx, std::span<const NodeExecution> segment);
-// - the down ExpertMatMul (quantized weights, fewer than 8 tokens) and the MoeCombine of its
-//   output (expert_matmul.cu);
+// - the down ExpertMatMul (quantized weights, fewer than 8 tokens, a map or none) and the
+//   MoeCombine of its output (expert_matmul.cu);
 size_t run_fused_expert_down_combine(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - MoeRoute and the MoeWeights of its ids (moe.cu);
 size_t run_fused_moe_route_weights(const OpContext& ctx, std::span<const NodeExecution> segment);
@@ -104,6 +104,32 @@ size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecuti
 // runs it), and the scratch they need.
 bool launch_expert_matvec(const OpContext& ctx, const NodeExecution& e);
 size_t expert_matvec_scratch_bytes(const NodeExecution& e);
+
+// ExpertMatMul's optional map (its 4th input, [n_map] i32 on the device): choice id reads a's
+// matrix map[id], or none where that is negative. Without one (map nullptr) it reads matrix id.
+struct ExpertMap {
+  const int32_t* map = nullptr;
+  int64_t n_map = 0;
+};
+inline ExpertMap expert_map_of(const NodeExecution& e) {
+  if (e.inputs.size() < 4) return {};
+  return {static_cast<const int32_t*>(e.inputs[3].data), e.inputs[3].desc->ne[0]};
+}
+#ifdef __CUDACC__
+// Which of a's n_expert matrices choice id reads: its index; kSkippedExpert where the map has
+// none (the output column is zeros, not an error); kBadExpert where id or its map entry is out
+// of range (zeros, and the kernel raises kExpertIdOutOfRange).
+inline constexpr int32_t kSkippedExpert = -1, kBadExpert = -2;
+__device__ __forceinline__ int32_t expert_of(int32_t id, ExpertMap m, int64_t n_expert) {
+  if (m.map) {
+    if (id < 0 || id >= m.n_map) return kBadExpert;
+    id = m.map[id];
+    if (id < 0) return kSkippedExpert;
+  }
+  return id >= 0 && id < n_expert ? id : kBadExpert;
+}
+#endif
+
 // Largest batch (columns of b) served by the matrix-vector kernels.
 inline constexpr int64_t kMatvecMaxColumns = 8;
 

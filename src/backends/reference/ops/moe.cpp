@@ -1,5 +1,6 @@
 // Mixture of experts: top-k routing, the chosen experts' softmax weights, the per-expert matrix
 // product (one row of the chosen expert's matrix at a time, float64) and the weighted sum.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -65,21 +66,33 @@ void run_moe_weights(const NodeExecution& e) {
   }
 }
 
-// out[:, j, t] = a[:, :, ids[j, t]] x b[:, j or 0, t].
+// out[:, j, t] = a[:, :, ids[j, t]] x b[:, j or 0, t]; with a map, a[:, :, map[ids[j, t]]], or
+// zeros where that is negative.
 void run_expert_matmul(const NodeExecution& e) {
   const TensorDesc &a = *e.inputs[0].desc, &b = *e.inputs[1].desc, &id = *e.inputs[2].desc;
   const auto* abase = static_cast<const uint8_t*>(e.inputs[0].data);
   const float* bdata = f32(e.inputs[1]);
   const int32_t* ids = i32(e.inputs[2]);
+  const bool mapped = e.inputs.size() > 3;
+  const int32_t* map = mapped ? i32(e.inputs[3]) : nullptr;
+  const int64_t n_map = mapped ? e.inputs[3].desc->ne[0] : 0;
   float* out = f32(e.output);
   const int64_t K = a.ne[0], M = a.ne[1], k = id.ne[0], T = id.ne[1];
   std::vector<float> arow(static_cast<size_t>(K));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < k; ++j) {
-      const int32_t expert = ids[t * k + j];
+      int32_t expert = ids[t * k + j];
+      float* ocol = out + (t * k + j) * M;
+      if (mapped) {
+        check_expert("reference expert_matmul", expert, n_map);
+        expert = map[expert];
+        if (expert < 0) {
+          std::fill(ocol, ocol + M, 0.0f);
+          continue;
+        }
+      }
       check_expert("reference expert_matmul", expert, a.ne[2]);
       const float* bcol = bdata + (t * b.ne[1] + (b.ne[1] == 1 ? 0 : j)) * K;
-      float* ocol = out + (t * k + j) * M;
       for (int64_t m = 0; m < M; ++m) {
         to_f32(a.dtype, abase + expert * a.nb[2] + m * a.nb[1], arow.data(), K);
         double acc = 0.0;
