@@ -77,10 +77,18 @@ class ExecutionSearch {
       if (steps_[k].out != kNoTensor && first_[size_t(steps_[k].out)] < 0)
         first_[size_t(steps_[k].out)] = int(k);
     }
+    // A graph output is read back to host memory once its last op ran: it leaves the live set
+    // there, its copy priced at that step (retire_us). Kept live to the end, every layer's
+    // router ids (outputs for the routing statistics) would multiply the search's states.
+    retire_.assign(n_steps, {});
     for (TensorId o : g.outputs()) {
-      TensorId s = g.storage_of(o);
-      last_[size_t(s)] = int(n_steps);  // read back to host memory after the last op
-      outputs_.push_back(s);
+      const TensorId s = g.storage_of(o);
+      if (first_[size_t(s)] < 0) continue;  // an input: in host memory from the start
+      const int at = std::max(last_[size_t(s)], first_[size_t(s)]);
+      last_[size_t(s)] = at;
+      if (std::find(retire_[size_t(at)].begin(), retire_[size_t(at)].end(), s) ==
+          retire_[size_t(at)].end())
+        retire_[size_t(at)].push_back(s);
     }
     live_.resize(n_steps + 1);
     for (const Node& n : g.nodes()) {
@@ -148,7 +156,7 @@ class ExecutionSearch {
       // Copied on the copy queue ahead of use: only what the op does not hide shows.
       cost += std::max(0.0, stream_us - st.compute_us[b]);
     }
-    cost += moves_us(k, b, mask_of);
+    cost += moves_us(k, b, mask_of) + retire_us(k, b, mask_of);
     return cost;
   }
 
@@ -186,10 +194,13 @@ class ExecutionSearch {
     return 0;
   }
 
-  double final_us(const std::vector<uint8_t>& masks, size_t n_steps) const {
+  // The copies to host memory of the graph outputs whose last op is step k, run on b.
+  template <class MaskOf>
+  double retire_us(size_t k, size_t b, MaskOf mask_of) const {
     double t = 0.0;
-    for (TensorId s : outputs_) {
-      const uint8_t m = masks[index_in(n_steps, s)];
+    const uint8_t gbit = group_bit(c_.group[b]);
+    for (TensorId s : retire_[k]) {
+      const uint8_t m = s == steps_[k].out ? gbit : mask_of(s);
       if (!(m & kHost)) t += move_us(m, 0, 0, g_.tensor(s).bytes());
     }
     return t;
@@ -276,7 +287,7 @@ class ExecutionSearch {
     size_t best = 0;
     double best_cost = kInf;
     for (size_t e = 0; e < last.size(); ++e) {
-      const double c = last[e].cost + final_us(last[e].masks, n_steps);
+      const double c = last[e].cost;
       if (c < best_cost) {
         best_cost = c;
         best = e;
@@ -303,8 +314,8 @@ class ExecutionSearch {
       const Step& st = steps_[k];
       const size_t b = size_t(backend[size_t(st.node)]);
       const int gb = c_.group[b];
-      double work =
-          st.compute_us[b] + moves_us(k, b, [&](TensorId s) { return masks[index_in(k, s)]; });
+      auto mask_of = [&](TensorId s) { return masks[index_in(k, s)]; };
+      double work = st.compute_us[b] + moves_us(k, b, mask_of) + retire_us(k, b, mask_of);
       if (gb != 0) {
         for (TensorId w : st.weights) {
           if (weight_mask_[size_t(w)] & group_bit(gb)) continue;
@@ -316,7 +327,7 @@ class ExecutionSearch {
       advance(k, b, masks, next);
       masks.swap(next);
     }
-    return t + final_us(masks, steps_.size());
+    return t;
   }
 
   double evaluate(std::span<const int> backend) const {
@@ -332,7 +343,7 @@ class ExecutionSearch {
       advance(k, size_t(b), masks, next);
       masks.swap(next);
     }
-    return total + final_us(masks, steps_.size());
+    return total;
   }
 
  private:
@@ -352,8 +363,8 @@ class ExecutionSearch {
   const size_t nb_;
   std::vector<Step> steps_;
   std::vector<int> first_, last_;
-  std::vector<TensorId> outputs_;
-  std::vector<std::vector<TensorId>> live_;  // per boundary k (before step k): live storages
+  std::vector<std::vector<TensorId>> retire_;  // per step: the outputs read back after it
+  std::vector<std::vector<TensorId>> live_;    // per boundary k (before step k): live storages
   std::array<int, 8> device_of_group_{-1, -1, -1, -1, -1, -1, -1, -1};
   std::vector<uint8_t> weight_mask_;
   std::vector<int> cache_home_;
@@ -371,9 +382,11 @@ struct Unit {
 };
 
 // The persistent tensors of the phases, grouped: one unit per layer's weights, one per layer's
-// experts (the weights ExpertMatMul reads), one per layer's caches, the output layer, the rest.
+// experts (the weights ExpertMatMul reads), one per layer's hot experts (the slabs a product
+// with a map reads: fewer experts than its map names), one per layer's caches, the output
+// layer, the rest.
 struct Units {
-  std::map<int, Unit> layer_weights, layer_experts, layer_caches;
+  std::map<int, Unit> layer_weights, layer_experts, layer_hot, layer_caches;
   Unit output, rest;
   size_t largest_streamable = 0;  // largest layer weight (the ones a device streams)
   size_t transient = 0;           // largest activation bytes one op reads and writes
@@ -383,10 +396,13 @@ Units collect_units(const PlannerConfig& c, std::span<const Graph* const> phases
   Units u;
   u.output.label = "output";
   u.rest.label = "token embedding";
-  std::set<std::string> experts;
+  std::set<std::string> experts, hot;
   for (const Graph* g : phases) {
     for (const Node& n : g->nodes()) {
-      if (n.op == OpKind::ExpertMatMul) experts.insert(g->tensor(g->storage_of(n.inputs[0])).name);
+      if (n.op != OpKind::ExpertMatMul) continue;
+      const TensorDesc& a = g->tensor(g->storage_of(n.inputs[0]));
+      const bool slab = n.inputs.size() > 3 && a.ne[2] < g->tensor(n.inputs[3]).ne[0];
+      (slab ? hot : experts).insert(a.name);
     }
   }
   std::map<std::string, bool> seen;
@@ -418,6 +434,7 @@ Units collect_units(const PlannerConfig& c, std::span<const Graph* const> phases
       Unit* unit = &u.rest;
       if (layer >= 0) {
         auto& m = n.op == OpKind::KvCache ? u.layer_caches
+                  : hot.count(name)       ? u.layer_hot
                   : experts.count(name)   ? u.layer_experts
                                           : u.layer_weights;
         unit = &m[layer];
@@ -572,7 +589,9 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
   // A MoE layer's experts are most of its bytes and a token reads top_k of n_expert of them:
   // besides whole layers, the candidates place every layer's dense part first and then the
   // experts that still fit (llama.cpp users' --n-cpu-moe), the others read in host memory.
-  const int expert_variants = u.layer_experts.empty() ? 1 : 2;
+  // With hot experts (a layer's most chosen, apart), a third: those of every layer before any
+  // layer's other experts.
+  const int expert_variants = u.layer_experts.empty() ? 1 : u.layer_hot.empty() ? 2 : 3;
   // The orders in which candidates fill the devices: the backends' own and, with several
   // devices, the fastest first (calibrated memory bandwidth: a token reads each resident weight
   // once). One sequence runs the layers one after another, so a layer costs least on the
@@ -589,8 +608,8 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
   // One candidate of whole layer ranges: the devices filled in the order `filled` (fastest first
   // or the backends'), each layer with or without its experts, the KV caches with their layers
   // or all first, the layers from the first up or the last down, the output before or after.
-  auto layer_candidate = [&](const std::vector<int>& filled, bool experts_apart, bool kv_first,
-                             bool descending, bool out_first) {
+  auto layer_candidate = [&](const std::vector<int>& filled, bool experts_apart, bool hot_first,
+                             bool kv_first, bool descending, bool out_first) {
     Option o{"", pinned, std::vector<size_t>(nb, 0)};
     std::vector<size_t> cap(nb, 0);
     for (int d : devices) cap[size_t(d)] = capacity(d, reserve);
@@ -644,7 +663,16 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
       placed.push_back(l);
     }
     if (!out_first) out_placed = place_any({&u.output});
-    std::vector<int> experts_placed;
+    std::vector<int> experts_placed, hot_placed;
+    if (hot_first) {
+      for (int l : order) {
+        auto it = u.layer_hot.find(l);
+        if (it == u.layer_hot.end()) continue;
+        if (std::find(placed.begin(), placed.end(), l) == placed.end()) continue;
+        if (place_any({&it->second})) hot_placed.push_back(l);
+      }
+      std::sort(hot_placed.begin(), hot_placed.end());
+    }
     if (experts_apart) {
       for (int l : order) {
         auto it = u.layer_experts.find(l);
@@ -658,17 +686,18 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
     o.name = range_label(placed) + (experts_apart ? " without experts" : "") +
              (out_placed ? ", output" : "") +
              (kv_first ? (kv_placed ? ", all KV" : ", KV on host") : ", KV with layers");
+    if (!hot_placed.empty()) o.name += ", hot experts of " + range_label(hot_placed);
     if (experts_apart && !experts_placed.empty())
       o.name += ", experts of " + range_label(experts_placed);
     if (filled != devices) o.name += ", fastest device first";
     add_option(std::move(o));
   };
   for (const std::vector<int>& filled : fill_orders) {
-    for (int experts_apart = 0; experts_apart < expert_variants; ++experts_apart) {
+    for (int variant = 0; variant < expert_variants; ++variant) {
       for (int kv_first = 0; kv_first < (devices.size() == 1 ? 2 : 1); ++kv_first) {
         for (int descending = 0; descending < (devices.empty() ? 0 : 2); ++descending) {
           for (int out_first = 0; out_first < 2; ++out_first) {
-            layer_candidate(filled, experts_apart, kv_first, descending, out_first);
+            layer_candidate(filled, variant >= 1, variant == 2, kv_first, descending, out_first);
           }
         }
       }
