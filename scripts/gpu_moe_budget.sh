@@ -5,7 +5,8 @@
 # sweep, pp512 and tg64. llama-bench runs verbose once per N so that its CUDA0 buffers (model,
 # KV cache, compute) are read from its own log: a row whose sum exceeds the budget is marked.
 # Tandem's lines add the share of the expert bytes its prefill copied and, from `run
-# --routing-stats`, how concentrated the file's routers are.
+# --routing-stats`, how concentrated the file's routers are, and the hot experts the session
+# chose where it runs with them (TANDEM_AB="--hot-experts": a second Tandem run with those flags).
 # Usage (repo root, .gpu-tools/ holding the GPU kit):
 #   OUT=/tmp/out BUDGET=8 NCMOE="26 27 28 30 32" SKEWS="0 3" bash scripts/gpu_moe_budget.sh
 set -u
@@ -33,8 +34,12 @@ for skew in $SKEWS; do
     fits=$(awk -v m="${mib:-0}" -v b="$BUDGET" 'BEGIN {print (m > 0 && m <= b * 1024) ? "fits" : "OVER"}')
     grep -E "\| *(pp512|tg64) *\|" $log | sed "s/^/llama.cpp -ncmoe $n (CUDA0 ${mib:-?} MiB, $fits) /"
   done
-  timeout 400 $B bench -m $m --strategy auto --gpu-mem ${BUDGET}GiB -p 512 -n 64 -r $REPS -t 16 2>&1 |
-    grep -E "pp512|tg64|rror|streamed by expert" | sed 's/^/tandem auto /'
+  # TANDEM_AB="--hot-experts" adds a second Tandem run with those flags.
+  for flags in "" ${TANDEM_AB:+"$TANDEM_AB"}; do
+    timeout 400 $B bench -m $m --strategy auto --gpu-mem ${BUDGET}GiB -p 512 -n 64 -r $REPS -t 16 \
+      $flags 2>&1 | grep -E "pp512|tg64|rror|streamed by expert|hot experts" |
+      sed "s/^/tandem auto $flags /"
+  done
   # How concentrated this file's routers are (a prompt of the README's first 3,000 bytes).
   head -c 3000 README.md >$OUT/prompt.txt
   timeout 200 $B run -m $m --strategy auto --gpu-mem ${BUDGET}GiB -t 16 -f $OUT/prompt.txt -n 32 \

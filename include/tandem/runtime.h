@@ -79,6 +79,14 @@ struct SessionOptions {
   // Count which experts each mixture-of-experts layer's router chooses (Session::routing):
   // every step copies the routers' choices out of wherever they ran.
   bool routing_stats = false;
+  // A mixture of experts placed automatically (Strategy auto, a GPU, no pin, -ngl or
+  // --n-cpu-moe): the experts each layer's router chooses most in decode, counted while running,
+  // get weights of their own (hot experts) that the residency plan can keep on the GPU while
+  // the rest stay in host memory; decode runs them there. After kHotReviewSteps decode steps the
+  // residency is planned again with them; every kHotReviewSteps more a layer's set is replaced
+  // where the experts chosen most lately cover more of its choices by a margin
+  // (Session::hot_experts; --hot-experts). Off by default until measured ahead of whole layers.
+  bool hot_experts = false;
   // Called as weights are uploaded to a device (bytes done, bytes of this upload in all).
   HybridExecutor::Progress load_progress;
   // Where warnings while loading go (a missing cost profile); nullptr: nowhere.
@@ -105,6 +113,25 @@ struct RoutingStats {
   // Per entry: how many experts were chosen at least once.
   std::vector<int64_t> used() const;
 };
+
+// A layer whose experts are split in two products (SessionOptions::hot_experts): its hot
+// experts, and the share of its recent choices they took.
+struct HotExpertLayer {
+  int layer = 0;
+  std::vector<int32_t> experts;
+  double share = 0.0;
+};
+
+// The policy of SessionOptions::hot_experts over one layer's choice counts (per expert):
+// the share of the choices `experts` took; the fewest most chosen experts that took `coverage`
+// of them, at least `least`, or none where that needs more than `most`; and the set that
+// replaces `current` (as many experts: the most chosen) where it covers more of the choices by
+// `margin`, else none (keep `current`). Ties go to the lower expert id.
+double hot_share(std::span<const double> counts, std::span<const int32_t> experts);
+std::vector<int32_t> choose_hot_experts(std::span<const double> counts, double coverage,
+                                        size_t least, size_t most);
+std::vector<int32_t> replace_hot_experts(std::span<const double> counts,
+                                         std::span<const int32_t> current, double margin);
 
 // One phase's placement as `plan` shows it: made without running or uploading anything.
 struct PhasePlan {
@@ -246,8 +273,37 @@ class Session {
   const std::vector<Recovery>& recoveries() const { return recoveries_; }
   // The routers' choices counted so far (SessionOptions::routing_stats; empty without).
   const RoutingStats& routing() const { return routing_; }
+  // The layers split into hot and other experts now (SessionOptions::hot_experts), and how
+  // many times a set changed since the first.
+  std::vector<HotExpertLayer> hot_experts() const;
+  int64_t hot_expert_changes() const { return hot_changes_; }
+  // Decode steps between two reviews of the hot sets, the part of a layer's choices its hot experts
+  // aim to cover, and the margin by which a new set must cover more to replace the current one.
+  static constexpr int64_t kHotReviewSteps = 32;
+  static constexpr double kHotCoverage = 0.9;
+  static constexpr double kHotMargin = 0.1;
+  // Steps of up to this many tokens run the split layers (prefill keeps one product a layer).
+  static constexpr int64_t kHotMaxTokens = 4;
 
  private:
+  // A split layer's data: the slabs (gate, up, down) and the two maps, bound as weights.
+  struct HotLayer {
+    HotExpertLayer set;
+    std::vector<uint8_t> slab[3];
+    std::vector<int32_t> hot_map, cold_map;
+  };
+  // Gathers a layer's hot experts from the file and binds them (and the maps) as its weights.
+  HotLayer make_hot_layer(int layer, std::vector<int32_t> experts, double share);
+  // At a step's start: the review kHotReviewSteps after the last (or the first after step 1).
+  void review_hot_experts();
+  // The first split: the sets chosen, the residency planned again with them, layers whose
+  // whole experts it keeps on a device left unsplit, what no longer lives there freed.
+  void first_hot_split();
+  void bind_hot_layers();
+  // Drops the graphs (built again with the hot experts as they are now), keeping them alive
+  // until the next step.
+  void retire_graphs();
+  void preload_phases();
   void init(const SessionOptions& options);
   const LlamaGraph& graph_for(int64_t n_tokens, bool all_logits, int sequence = 0);
   void check_step(int sequence, std::span<const int32_t> tokens) const;
@@ -285,6 +341,7 @@ class Session {
   std::unique_ptr<HybridExecutor> executor_;
   std::map<std::tuple<int64_t, bool, int>, LlamaGraph> graphs_;  // (tokens, all logits, sequence)
   std::map<std::vector<int>, LlamaGraph> batch_graphs_;          // by the rows' sequences
+  std::vector<decltype(graphs_)::node_type> retired_graphs_;     // see retire_graphs
   std::shared_ptr<const Placement> last_placement_;
   const Graph* last_graph_ = nullptr;
   std::shared_ptr<const Placement> uploaded_for_;  // held, so its address cannot be reused
@@ -316,6 +373,16 @@ class Session {
   bool routing_stats_ = false;
   RoutingStats routing_;
   std::vector<int32_t> route_ids_;  // a step's router choices, every layer's in turn
+  bool hot_enabled_ = false;
+  bool hot_split_ = false;  // the first split was made
+  std::vector<HotLayer> hot_;
+  // Per routed layer (in lg.routes order, as routing_): recent choices per expert, halved at
+  // every review so older steps fade.
+  std::vector<int> hot_count_layers_;
+  std::vector<std::vector<double>> hot_counts_;
+  int64_t hot_steps_ = 0;  // steps counted for the hot experts (up to kHotMaxTokens tokens)
+  int64_t hot_review_at_ = kHotReviewSteps;  // hot_steps_ from which the next review runs
+  int64_t hot_changes_ = 0;
   int64_t steps_ = 0;
   size_t events_learned_ = 0;
   HybridExecutor::Progress load_progress_;

@@ -158,6 +158,10 @@ void EngineFlags::add(CLI::App& cmd, bool model_required, bool list_of_ngl) {
   cmd.add_flag("--cpu-moe", cpu_moe,
                "-cmoe, like llama.cpp: every layer's expert tensors stay in host memory "
                "(--n-cpu-moe with all layers)");
+  cmd.add_flag("--hot-experts", hot_experts,
+               "A mixture of experts under --strategy auto: the experts each layer's router "
+               "chooses most in decode get weights of their own, which the GPU can keep while "
+               "the others stay in host memory (chosen after 32 decode steps, reviewed every 32)");
   cmd.add_option("-c,--ctx-size", ctx, "KV cache length in tokens (0: min(trained, 4096))");
   cmd.add_option("--kv-type", kv_type, "KV cache type: f16 or f32")->capture_default_str();
   cmd.add_option("--override-tensor", overrides,
@@ -213,6 +217,7 @@ SessionOptions EngineFlags::to_options(const std::string& strategy, size_t ngl_i
     o.n_cpu_moe = n;
   }
   if (cpu_moe) o.n_cpu_moe = kAllLayers;
+  o.hot_experts = hot_experts;
   const std::vector<std::string> fused{"", "on", "1", "true", "auto"};
   TANDEM_CHECK_ARG(std::find(fused.begin(), fused.end(), flash_attn) != fused.end(), "--flash-attn",
                    "'" + flash_attn +

@@ -23,6 +23,7 @@ struct EngineFlags {
   std::vector<int> n_gpu_layers;  // empty: unset; several only where lists are allowed (bench)
   std::vector<int> n_cpu_moe;  // --n-cpu-moe: the same, for the layers whose experts stay on host
   bool cpu_moe = false;        // --cpu-moe: every layer's experts on the host
+  bool hot_experts = false;    // --hot-experts
   int64_t ctx = 0;
   bool strict = false;
   std::string placement;  // --placement FILE (tandem tune --save)

@@ -1,5 +1,6 @@
 #include "tandem/model/llama_graph.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -55,7 +56,8 @@ AttentionIn attention_in(Graph& g, const gguf::File& file, const LlamaConfig& c,
 // gating: each token's n_expert_used best experts by the router, their softmax weights, and
 // the weighted sum of down(silu(gate(h)) * up(h)) of those experts only.
 TensorId moe_ffn(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, TensorId h,
-                 int64_t T, std::vector<LlamaGraph::Route>& routes) {
+                 int64_t T, std::vector<LlamaGraph::Route>& routes,
+                 const LlamaGraphOptions::HotExperts* hot) {
   TensorId router = add_weight(g, file, blk(l, "ffn_gate_inp"));
   TensorId w_gate = add_weight(g, file, blk(l, "ffn_gate_exps"));
   TensorId w_up = add_weight(g, file, blk(l, "ffn_up_exps"));
@@ -67,18 +69,39 @@ TensorId moe_ffn(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, 
   TensorId columns = g.reshape(h, {c.n_embd, 1, T});  // one column for every chosen expert
   // Gate before up, in this order whatever the compiler's order of arguments: a backend fuses
   // the pattern as it finds it in a segment.
-  TensorId gate = g.expert_matmul(w_gate, columns, ids);
-  TensorId up = g.expert_matmul(w_up, columns, ids);
-  TensorId s = g.swiglu(gate, up);
-  return g.moe_combine(g.expert_matmul(w_down, s, ids), weights);
+  auto experts = [&](TensorId wg, TensorId wu, TensorId wd, TensorId map, float share) {
+    TensorId gate = g.expert_matmul(wg, columns, ids, map, share);
+    TensorId up = g.expert_matmul(wu, columns, ids, map, share);
+    return g.expert_matmul(wd, g.swiglu(gate, up), ids, map, share);
+  };
+  if (!hot) return g.moe_combine(experts(w_gate, w_up, w_down, kNoTensor, 1.0f), weights);
+  // Each choice reaches one of the two products; the other's column is zero, so their sum is
+  // the unsplit product's, bit for bit where both run on one backend.
+  auto slab = [&](const char* what) {
+    const gguf::TensorInfo* t = file.find_tensor(blk(l, what));
+    Dims ne = t->ne;
+    ne[2] = int64_t(hot->experts.size());
+    return g.leaf(OpKind::Weight, make_tensor_desc(hot_expert_name(l, what), t->dtype, ne, 3));
+  };
+  auto map = [&](const char* what) {
+    return g.leaf(OpKind::Weight,
+                  make_tensor_desc(hot_expert_name(l, what), DType::I32, {c.n_expert}));
+  };
+  const float share = float(std::clamp(hot->share, 1e-3, 1.0));
+  const float rest = float(std::clamp(1.0 - hot->share, 1e-3, 1.0));
+  TensorId hot_out = experts(slab("ffn_gate_exps"), slab("ffn_up_exps"), slab("ffn_down_exps"),
+                             map("hot_map"), share);
+  TensorId cold_out = experts(w_gate, w_up, w_down, map("cold_map"), rest);
+  return g.moe_combine(g.add(hot_out, cold_out), weights);
 }
 
 // x + layer l's feed-forward block of x ([n_embd, T]): dense, or the mixture of experts.
 TensorId add_ffn(Graph& g, const gguf::File& file, const LlamaConfig& c, int l, TensorId x,
-                 int64_t T, std::vector<LlamaGraph::Route>& routes) {
+                 int64_t T, std::vector<LlamaGraph::Route>& routes,
+                 const LlamaGraphOptions::HotExperts* hot = nullptr) {
   TensorId ffn_norm = add_weight(g, file, blk(l, "ffn_norm"));
   if (c.is_moe()) {
-    return g.add(x, moe_ffn(g, file, c, l, g.rms_norm(x, ffn_norm, c.rms_eps), T, routes));
+    return g.add(x, moe_ffn(g, file, c, l, g.rms_norm(x, ffn_norm, c.rms_eps), T, routes, hot));
   }
   TensorId w_gate = add_weight(g, file, blk(l, "ffn_gate"));
   TensorId w_up = add_weight(g, file, blk(l, "ffn_up"));
@@ -107,6 +130,12 @@ TensorId add_logits(Graph& g, const gguf::File& file, const LlamaConfig& c, Tens
 }
 
 }  // namespace
+
+std::string hot_expert_name(int layer, const std::string& what) {
+  std::string w = what;
+  if (const size_t at = w.find("_exps"); at != std::string::npos) w.replace(at, 5, "_hot");
+  return "blk." + std::to_string(layer) + "." + w + ".weight";
+}
 
 std::string kv_cache_name(bool key, int layer, int sequence) {
   return std::string(key ? "cache_k." : "cache_v.") + std::to_string(layer) +
@@ -150,6 +179,22 @@ LlamaGraph build_llama_graph(const LlamaConfig& c, const gguf::File& file,
     out.hidden_in = x = g.input("hidden_in", DType::F32, {n_embd, T});
   }
 
+  std::vector<const LlamaGraphOptions::HotExperts*> hot(size_t(c.n_layer), nullptr);
+  for (const LlamaGraphOptions::HotExperts& h : options.hot_experts) {
+    TANDEM_CHECK_ARG(
+        c.is_moe() && h.layer >= 0 && h.layer < int(c.n_layer) && !hot[size_t(h.layer)], where,
+        "hot experts of layer " + std::to_string(h.layer) +
+            ": not a mixture-of-experts layer of the model, or given twice");
+    TANDEM_CHECK_ARG(!h.experts.empty() && int64_t(h.experts.size()) < c.n_expert, where,
+                     "hot experts of layer " + std::to_string(h.layer) + ": " +
+                         std::to_string(h.experts.size()) + " of " + std::to_string(c.n_expert));
+    for (int32_t e : h.experts) {
+      TANDEM_CHECK_ARG(e >= 0 && e < c.n_expert, where,
+                       "hot expert " + std::to_string(e) + " of layer " + std::to_string(h.layer) +
+                           " is not in [0, " + std::to_string(c.n_expert) + ")");
+    }
+    hot[size_t(h.layer)] = &h;
+  }
   for (int l = options.layer_begin; l < layer_end; ++l) {
     const AttentionIn in = attention_in(g, file, c, l, x, out.positions, T);
     TensorId cache_k = g.kv_cache(kv_cache_name(true, l, options.sequence), options.kv_dtype,
@@ -159,7 +204,7 @@ LlamaGraph build_llama_graph(const LlamaConfig& c, const gguf::File& file,
     TensorId kc = g.kv_write(cache_k, in.k, out.positions);
     TensorId vc = g.kv_write(cache_v, in.v, out.positions);
     TensorId a = g.reshape(g.attention(in.q, kc, vc, out.positions, scale), {c.n_head * D, T});
-    x = add_ffn(g, file, c, l, g.add(x, g.matmul(in.wo, a)), T, out.routes);
+    x = add_ffn(g, file, c, l, g.add(x, g.matmul(in.wo, a)), T, out.routes, hot[size_t(l)]);
   }
 
   if (layer_end < c.n_layer) {

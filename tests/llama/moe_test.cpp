@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <random>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "../temp_dir.h"
+#include "tandem/calibration.h"
 #include "tandem/executor.h"
 #include "tandem/layer_split.h"
 #include "tandem/model/llama_graph.h"
@@ -550,7 +552,7 @@ struct ExpertHeavy {
     write_synthetic_model(spec, p);
     return p;
   }
-  CostModel costs() const {
+  static CostModel costs() {
     auto profile = [](double gflops, double bandwidth, double launch, LinkProfile link) {
       BackendProfile b;
       b.peak_gflops.fill(gflops);
@@ -742,6 +744,138 @@ TEST(MoeStreamed, ExpertsCopiedByRouteGiveTheLogitsOfWholeCopies) {
     }
     std::printf("[ measured ] run %d: streamed %zu bytes by expert, %zu whole\n", run + 1,
                 bytes[0][run], bytes[1][run]);
+  }
+}
+
+// The hot-expert policy on counts made by hand: the fewest most chosen that cover the share
+// asked (at least `least`, none past `most`), and a set replaced only past the margin.
+TEST(MoeHotExperts, ChosenAndReplacedByTheirShareOfTheChoices) {
+  const std::vector<double> counts{1, 40, 0, 30, 20, 9};  // 100 choices
+  EXPECT_DOUBLE_EQ(hot_share(counts, std::vector<int32_t>{1, 3}), 0.7);
+  EXPECT_EQ(choose_hot_experts(counts, 0.9, 1, 6), (std::vector<int32_t>{1, 3, 4}));
+  EXPECT_EQ(choose_hot_experts(counts, 0.91, 1, 6), (std::vector<int32_t>{1, 3, 4, 5}));
+  EXPECT_EQ(choose_hot_experts(counts, 0.5, 3, 6), (std::vector<int32_t>{1, 3, 4}));
+  EXPECT_TRUE(choose_hot_experts(counts, 0.9, 1, 2).empty()) << "needs 3, 2 allowed";
+  EXPECT_TRUE(choose_hot_experts(std::vector<double>(6, 0.0), 0.9, 1, 6).empty());
+  // {3, 4} cover 50%, the best pair {1, 3} 70%: replaced past a margin of 0.1, kept at 0.25.
+  EXPECT_EQ(replace_hot_experts(counts, std::vector<int32_t>{3, 4}, 0.1),
+            (std::vector<int32_t>{1, 3}));
+  EXPECT_TRUE(replace_hot_experts(counts, std::vector<int32_t>{3, 4}, 0.25).empty());
+  EXPECT_TRUE(replace_hot_experts(counts, std::vector<int32_t>{3, 1}, 0.0).empty());
+}
+
+// Hot experts (SessionOptions::hot_experts): a model of 128 experts a layer whose router is
+// skewed, auto on the host and a fake GPU whose budget holds the dense layers and half of one
+// layer's experts. After kHotReviewSteps decode steps the session splits each layer's experts
+// into the most chosen in decode (a slab of their own, which the residency plan keeps on the
+// GPU) and the rest (in host memory); decode runs the hot ones on the GPU; every step's logits
+// stay the reference's, and those of the same session without hot experts.
+TEST(MoeHotExperts, TheMostChosenExpertsLiveOnTheGpuAndTheLogitsStay) {
+  const auto& dir = test::process_temp_dir("tandem_moe_test_");
+  const std::string path = (dir / "expert_heavy_skewed.gguf").string();
+  if (!std::filesystem::exists(path)) {
+    SyntheticSpec spec = synthetic_preset("tiny-moe", DType::Q8_0, 5);
+    spec.n_embd = 128;
+    spec.n_expert = 128;
+    spec.n_expert_used = 8;
+    spec.moe_skew = 3.0f;
+    spec.threads = 1;
+    write_synthetic_model(spec, path);
+  }
+  size_t dense = 0, experts_per_layer = 0;
+  const gguf::File file = gguf::File::open(path);
+  for (const auto& t : file.tensors()) {
+    if (is_expert(t.name)) {
+      if (layer_of(t.name) == 0) experts_per_layer += t.bytes;
+    } else {
+      dense += t.bytes;
+    }
+  }
+  // The figures of ExpertHeavy::costs as the session's cost profile: a slow host, a fast GPU.
+  const auto backends = host_and_fake_gpu();
+  const std::string profile = (dir / "hot_experts_profile.json").string();
+  {
+    const CostModel costs = ExpertHeavy::costs();
+    std::vector<CalibratedDevice> devices;
+    for (const auto& b : backends) {
+      BackendProfile p = costs.profile(*b);
+      p.calibrated = true;
+      devices.push_back({device_key(*b), p});
+    }
+    write_cost_profile(profile, devices);
+  }
+  auto session_options = [&](bool hot) {
+    SessionOptions o = options(path, "auto");
+    o.backends = backends;
+    o.cost_profile = profile;
+    o.gpu_memory = dense + experts_per_layer / 2 + (size_t(1) << 20);
+    o.hot_experts = hot;
+    return o;
+  };
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int32_t> token(0, 511);
+  const size_t prompt = 8, split_after = size_t(Session::kHotReviewSteps);
+  std::vector<int32_t> tokens(prompt + split_after + 8);
+  for (auto& t : tokens) t = token(rng);
+  // Each session: the prompt, then the other tokens one at a time; every step's last logits.
+  auto run = [&](Session& s, const std::function<void(int)>& after_step = {}) {
+    std::vector<std::vector<float>> out;
+    for (size_t at = 0, step = 0; at < tokens.size(); ++step) {
+      const size_t n = at == 0 ? prompt : 1;
+      auto l = s.eval(std::span<const int32_t>(tokens.data() + at, n));
+      out.emplace_back(l.begin(), l.end());
+      at += n;
+      if (after_step) after_step(int(step));
+    }
+    return out;
+  };
+  Session reference(options(path, "only:reference"));
+  const auto want = run(reference);
+  Session whole(session_options(false));
+  const auto unsplit = run(whole);
+  EXPECT_TRUE(whole.hot_experts().empty());
+
+  Session s(session_options(true));
+  std::set<std::string> hot_where, cold_where;
+  EXPECT_TRUE(s.hot_experts().empty()) << "no routing measured before the first step";
+  const auto got = run(s, [&](int step) {
+    // The prompt (a prefill keeps the layers whole) and the decode steps before the split run
+    // one product a layer; the split comes after the last of those, and decode runs it.
+    const bool split = size_t(step) > split_after;
+    EXPECT_EQ(s.hot_experts().empty(), size_t(step) < split_after) << "step " << step;
+    const Graph& g = *s.last_graph();
+    for (const Node& n : g.nodes()) {
+      if (n.op != OpKind::ExpertMatMul) continue;
+      ASSERT_EQ(n.inputs.size(), split ? 4u : 3u) << "step " << step;
+      if (!split) continue;
+      const std::string& w = g.tensor(g.storage_of(n.inputs[0])).name;
+      const BackendSelection& sel = s.last_placement()->at(n.id);
+      const std::string where =
+          sel.backend->backend_id() + (sel.streamed.empty() ? "" : " streamed");
+      (w.find("_hot") != std::string::npos ? hot_where : cold_where).insert(where);
+    }
+  });
+  const auto hot = s.hot_experts();
+  ASSERT_EQ(hot.size(), size_t(s.config().n_layer)) << s.placement_summary();
+  for (const HotExpertLayer& h : hot) {
+    std::printf("[ measured ] layer %d: %zu hot experts, %.1f%% of the choices\n", h.layer,
+                h.experts.size(), 100.0 * h.share);
+    EXPECT_GE(h.experts.size(), size_t(s.config().n_expert_used));
+    EXPECT_LE(h.experts.size(), size_t(s.config().n_expert / 4));
+    EXPECT_GE(h.share, Session::kHotCoverage);
+    for (const char* what : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) {
+      const auto locs = s.executor().residency().locations(hot_expert_name(h.layer, what));
+      EXPECT_NE(std::find(locs.begin(), locs.end(), "gpu"), locs.end())
+          << hot_expert_name(h.layer, what) << " resident on the GPU";
+    }
+  }
+  EXPECT_EQ(hot_where, std::set<std::string>{"gpu"});
+  EXPECT_FALSE(cold_where.count("gpu")) << "the other experts are not resident on the GPU";
+  std::printf("[ measured ] %s\n", s.placement_summary().c_str());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_LE(nmse(want[i], got[i]), 1e-6) << "step " << i;
+    EXPECT_LE(nmse(unsplit[i], got[i]), 1e-9) << "step " << i;
   }
 }
 

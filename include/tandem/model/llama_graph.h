@@ -24,7 +24,23 @@ struct LlamaGraphOptions {
   // the last ends with it (hidden_out) in place of the output layer.
   int layer_begin = 0;
   int layer_end = -1;
+  // A mixture of experts: the layers whose experts are split in two products, one over the
+  // `experts` named here gathered into weights of their own (hot_expert_name), one over the
+  // layer's tensors for the others, added before the weighted sum. `share`: the part of the
+  // router's choices expected to name one of them (for cost estimates).
+  struct HotExperts {
+    int layer = 0;
+    std::vector<int32_t> experts;
+    double share = 0.0;
+  };
+  std::vector<HotExperts> hot_experts;
 };
+
+// The weights of a split layer (LlamaGraphOptions::hot_experts), for `what` one of
+// "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps": "blk.L.ffn_gate_hot.weight" etc., the slab of
+// the hot experts in their order; and for "hot_map" / "cold_map", the i32 [n_expert] maps of the
+// two products (hot: an expert's slot in the slab or -1; cold: the expert itself or -1).
+std::string hot_expert_name(int layer, const std::string& what);
 
 struct LlamaGraph {
   Graph graph;
