@@ -663,25 +663,21 @@ ResidencyPlan search_residency(const PlannerConfig& config, std::span<const Grap
       placed.push_back(l);
     }
     if (!out_first) out_placed = place_any({&u.output});
-    std::vector<int> experts_placed, hot_placed;
-    if (hot_first) {
+    // The units of the placed layers, in the layers' order, while they fit: the layers done.
+    auto place_apart = [&](const std::map<int, Unit>& units) {
+      std::vector<int> done;
       for (int l : order) {
-        auto it = u.layer_hot.find(l);
-        if (it == u.layer_hot.end()) continue;
-        if (std::find(placed.begin(), placed.end(), l) == placed.end()) continue;
-        if (place_any({&it->second})) hot_placed.push_back(l);
+        auto it = units.find(l);
+        if (it == units.end() || std::find(placed.begin(), placed.end(), l) == placed.end())
+          continue;
+        if (place_any({&it->second})) done.push_back(l);
       }
-      std::sort(hot_placed.begin(), hot_placed.end());
-    }
-    if (experts_apart) {
-      for (int l : order) {
-        auto it = u.layer_experts.find(l);
-        if (it == u.layer_experts.end()) continue;
-        if (std::find(placed.begin(), placed.end(), l) == placed.end()) continue;
-        if (place_any({&it->second})) experts_placed.push_back(l);
-      }
-      std::sort(experts_placed.begin(), experts_placed.end());
-    }
+      std::sort(done.begin(), done.end());
+      return done;
+    };
+    const std::vector<int> hot_placed = hot_first ? place_apart(u.layer_hot) : std::vector<int>{};
+    const std::vector<int> experts_placed =
+        experts_apart ? place_apart(u.layer_experts) : std::vector<int>{};
     std::sort(placed.begin(), placed.end());
     o.name = range_label(placed) + (experts_apart ? " without experts" : "") +
              (out_placed ? ", output" : "") +
