@@ -764,6 +764,45 @@ TEST(MoeHotExperts, ChosenAndReplacedByTheirShareOfTheChoices) {
   EXPECT_TRUE(replace_hot_experts(counts, std::vector<int32_t>{3, 1}, 0.0).empty());
 }
 
+// The bytes of a MoE file's dense tensors and of one layer's experts.
+std::pair<size_t, size_t> dense_and_layer_experts(const std::string& path) {
+  size_t dense = 0, experts_per_layer = 0;
+  const gguf::File file = gguf::File::open(path);
+  for (const auto& t : file.tensors()) {
+    if (is_expert(t.name)) {
+      if (layer_of(t.name) == 0) experts_per_layer += t.bytes;
+    } else {
+      dense += t.bytes;
+    }
+  }
+  return {dense, experts_per_layer};
+}
+
+// auto over `backends` (a host and a fake GPU) with ExpertHeavy::costs' figures as the cost
+// profile (a slow host, a fast GPU) and `budget` bytes of GPU memory (and 1 MiB for the rest).
+SessionOptions hot_expert_options(const std::string& path,
+                                  const std::vector<std::shared_ptr<Backend>>& backends,
+                                  size_t budget, bool hot) {
+  const std::string profile =
+      (test::process_temp_dir("tandem_moe_test_") / "hot_experts_profile.json").string();
+  if (!std::filesystem::exists(profile)) {
+    const CostModel costs = ExpertHeavy::costs();
+    std::vector<CalibratedDevice> devices;
+    for (const auto& b : backends) {
+      BackendProfile p = costs.profile(*b);
+      p.calibrated = true;
+      devices.push_back({device_key(*b), p});
+    }
+    write_cost_profile(profile, devices);
+  }
+  SessionOptions o = options(path, "auto");
+  o.backends = backends;
+  o.cost_profile = profile;
+  o.gpu_memory = budget + (size_t(1) << 20);
+  o.hot_experts = hot;
+  return o;
+}
+
 // Hot experts (SessionOptions::hot_experts): a model of 128 experts a layer whose router is
 // skewed, auto on the host and a fake GPU whose budget holds the dense layers and half of one
 // layer's experts. After kHotReviewSteps decode steps the session splits each layer's experts
@@ -782,35 +821,10 @@ TEST(MoeHotExperts, TheMostChosenExpertsLiveOnTheGpuAndTheLogitsStay) {
     spec.threads = 1;
     write_synthetic_model(spec, path);
   }
-  size_t dense = 0, experts_per_layer = 0;
-  const gguf::File file = gguf::File::open(path);
-  for (const auto& t : file.tensors()) {
-    if (is_expert(t.name)) {
-      if (layer_of(t.name) == 0) experts_per_layer += t.bytes;
-    } else {
-      dense += t.bytes;
-    }
-  }
-  // The figures of ExpertHeavy::costs as the session's cost profile: a slow host, a fast GPU.
+  const auto [dense, experts_per_layer] = dense_and_layer_experts(path);
   const auto backends = host_and_fake_gpu();
-  const std::string profile = (dir / "hot_experts_profile.json").string();
-  {
-    const CostModel costs = ExpertHeavy::costs();
-    std::vector<CalibratedDevice> devices;
-    for (const auto& b : backends) {
-      BackendProfile p = costs.profile(*b);
-      p.calibrated = true;
-      devices.push_back({device_key(*b), p});
-    }
-    write_cost_profile(profile, devices);
-  }
   auto session_options = [&](bool hot) {
-    SessionOptions o = options(path, "auto");
-    o.backends = backends;
-    o.cost_profile = profile;
-    o.gpu_memory = dense + experts_per_layer / 2 + (size_t(1) << 20);
-    o.hot_experts = hot;
-    return o;
+    return hot_expert_options(path, backends, dense + experts_per_layer / 2, hot);
   };
   std::mt19937 rng(11);
   std::uniform_int_distribution<int32_t> token(0, 511);
@@ -877,6 +891,53 @@ TEST(MoeHotExperts, TheMostChosenExpertsLiveOnTheGpuAndTheLogitsStay) {
     EXPECT_LE(nmse(want[i], got[i]), 1e-6) << "step " << i;
     EXPECT_LE(nmse(unsplit[i], got[i]), 1e-9) << "step " << i;
   }
+}
+
+// The hot sets follow the routing: decode one token over and over (its choices fall on a few
+// experts), then another (other experts). The split comes after kHotReviewSteps steps of the
+// first; as the second's steps outweigh the first's in the halved counts, a review replaces
+// the sets (their slabs gathered and bound again, the graphs built again); the logits stay the
+// reference's throughout. (Where each side runs is the search's: on this unskewed tiny model
+// it moves the hot products between the GPU and the host as their share changes.)
+TEST(MoeHotExperts, TheSetsFollowTheRoutingAndTheLogitsStay) {
+  ExpertHeavy m;
+  const auto [dense, experts_per_layer] = dense_and_layer_experts(m.path);
+  const auto backends = host_and_fake_gpu();
+  const size_t steps = size_t(Session::kHotReviewSteps);
+  std::vector<int32_t> tokens(1 + 5 * steps, 5);
+  for (size_t i = 1 + steps; i < tokens.size(); ++i) tokens[i] = 300;
+  auto run = [&](Session& s, const std::function<void(size_t)>& after = {}) {
+    std::vector<std::vector<float>> out;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      auto l = s.eval(std::span<const int32_t>(&tokens[i], 1));
+      out.emplace_back(l.begin(), l.end());
+      if (after) after(i);
+    }
+    return out;
+  };
+  SessionOptions ro = options(m.path, "only:reference"),
+                 ho = hot_expert_options(m.path, backends, dense + experts_per_layer / 2, true);
+  ro.n_ctx = ho.n_ctx = int64_t(tokens.size());
+  Session reference(ro);
+  const auto want = run(reference);
+  Session s(ho);
+  std::vector<HotExpertLayer> first;
+  const auto got = run(s, [&](size_t i) {
+    if (i + 1 == steps) first = s.hot_experts();
+  });
+  ASSERT_FALSE(first.empty()) << "split after " << steps << " steps";
+  const auto last = s.hot_experts();
+  ASSERT_EQ(last.size(), first.size());
+  EXPECT_GE(s.hot_expert_changes(), 1);
+  bool moved = false;
+  for (size_t l = 0; l < last.size(); ++l) {
+    moved = moved || last[l].experts != first[l].experts;
+    EXPECT_EQ(last[l].experts.size(), first[l].experts.size()) << "a set keeps its size";
+  }
+  EXPECT_TRUE(moved);
+  std::printf("[ measured ] %s\n", s.placement_summary().c_str());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_LE(nmse(want[i], got[i]), 1e-6) << "step " << i;
 }
 
 }  // namespace
