@@ -822,10 +822,9 @@ TEST(MoeHotExperts, TheMostChosenExpertsLiveOnTheGpuAndTheLogitsStay) {
     write_synthetic_model(spec, path);
   }
   const auto [dense, experts_per_layer] = dense_and_layer_experts(path);
+  const size_t budget = dense + experts_per_layer / 2;
   const auto backends = host_and_fake_gpu();
-  auto session_options = [&](bool hot) {
-    return hot_expert_options(path, backends, dense + experts_per_layer / 2, hot);
-  };
+  auto session_options = [&](bool hot) { return hot_expert_options(path, backends, budget, hot); };
   std::mt19937 rng(11);
   std::uniform_int_distribution<int32_t> token(0, 511);
   const size_t prompt = 8, split_after = size_t(Session::kHotReviewSteps);
