@@ -75,6 +75,10 @@ GeneratedCase generate(std::mt19937& rng, int n_ops, int n_backends) {
     acts.push_back(y);
   }
   c.g.mark_output(acts.back());
+  // Sometimes an output made earlier too (as a router's ids kept for statistics): read back
+  // once its last op ran.
+  if (acts.size() > 2 && std::uniform_int_distribution<int>(0, 2)(rng) == 0)
+    c.g.mark_output(acts[std::uniform_int_distribution<size_t>(1, acts.size() - 2)(rng)]);
   return c;
 }
 
@@ -123,6 +127,55 @@ TEST(GraphSearch, ExecutionSearchEqualsBruteForceOnGeneratedGraphs) {
     EXPECT_NEAR(evaluate_execution(config, gc.g, gc.homes, found.backend), found.cost_us,
                 1e-9 * std::max(1.0, best));
   }
+}
+
+// An output made mid-graph on a device costs one copy to host memory, counted at its last op:
+// the same assignment costs exactly that much more than with the output unmarked.
+TEST(GraphSearch, AnOutputMadeMidGraphCostsItsCopyToTheHost) {
+  std::vector<std::shared_ptr<Backend>> backends{make_cpu(), make_gpu("gpu")};
+  const LinkProfile link{12.0, 7.0};
+  const PlannerConfig config =
+      config_for(backends, {profile(100.0, 10.0, 1.0, {}), profile(1e4, 1000.0, 2.0, link)});
+  auto build = [](bool marked) {
+    Graph g;
+    TensorId x = g.input("x", DType::F32, {256, 4});
+    TensorId a = g.matmul(g.weight("blk.0.w", DType::F32, {256, 256}), x);
+    TensorId b = g.silu(a);
+    TensorId c = g.matmul(g.weight("blk.1.w", DType::F32, {256, 256}), b);
+    g.mark_output(c);
+    if (marked) g.mark_output(a);
+    return std::pair{std::move(g), a};
+  };
+  const ResidencyHomes homes{{"blk.0.w", 1}, {"blk.1.w", 1}};
+  auto [plain, a0] = build(false);
+  auto [marked, a1] = build(true);
+  std::vector<int> all_gpu(plain.size(), kNoBackend);
+  for (const Node& n : plain.nodes()) {
+    if (is_compute(n.op)) all_gpu[size_t(n.id)] = 1;
+  }
+  const double without = evaluate_execution(config, plain, homes, all_gpu);
+  const double with = evaluate_execution(config, marked, homes, all_gpu);
+  const double copy = CostModel::activation_us(marked.tensor(a1).bytes(), link);
+  EXPECT_GT(copy, 0.0);
+  EXPECT_NEAR(with - without, copy, 1e-9 * with);
+  const ExecutionChoice found = search_execution(config, marked, homes);
+  ASSERT_TRUE(found.ok) << found.failure;
+  EXPECT_LE(found.cost_us, with + 1e-9 * with);
+  // Sixteen outputs along a chain (a router's ids per layer): none stays live past its op, so
+  // the search's states stay few and it stays exact (kept to the end, their locations alone
+  // would make more than kMaxSearchStates states).
+  Graph chain;
+  TensorId y = chain.input("x", DType::F32, {256, 4});
+  ResidencyHomes chain_homes;
+  for (int l = 0; l < 16; ++l) {
+    const std::string w = "blk." + std::to_string(l) + ".w";
+    chain_homes[w] = l % 2;
+    y = chain.silu(chain.matmul(chain.weight(w, DType::F32, {256, 256}), y));
+    chain.mark_output(y);
+  }
+  const ExecutionChoice long_chain = search_execution(config, chain, chain_homes);
+  ASSERT_TRUE(long_chain.ok) << long_chain.failure;
+  EXPECT_TRUE(long_chain.exact);
 }
 
 TEST(GraphSearch, AChainWorthMovingAsAWholeMovesThoughItsFirstOpIsCheaperWhereItStarts) {
