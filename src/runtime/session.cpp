@@ -216,6 +216,11 @@ void Session::init(const SessionOptions& options) {
   hot_enabled_ = options.hot_experts && config_.is_moe() && config_.n_expert >= 16 &&
                  strategy.kind == Strategy::Kind::Automatic && !pipeline_ && whole_model &&
                  !options.n_cpu_moe && !options.n_gpu_layers && options.pins.empty() && a_device;
+  if (options.hot_experts && !hot_enabled_ && options.log) {
+    *options.log << "tandem: --hot-experts: applies to a mixture of 16 or more experts a layer, "
+                    "placed by --strategy auto with a GPU and no -ngl, --n-cpu-moe or -ot; the "
+                    "experts stay whole\n";
+  }
   learn_ = costs_.measured &&
            ((options.learn && options.timing == TimingMode::PerOp) || learn_every_ > 0);
   auto builder = HybridScheduler::builder();
