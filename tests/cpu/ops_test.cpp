@@ -844,25 +844,33 @@ TEST(CpuOpsErrors, BadPositionsAndIdsThrow) {
 TEST(CpuOpsErrors, ExpertIdsOutOfRangeThrow) {
   CpuBackend cpu(2);
   ReferenceBackend reference;
+  // Leaves made one by one: their ids are then known (argument order is the compiler's).
   Graph g;
-  const TensorId y =
-      g.expert_matmul(g.weight("a", DType::F32, {4, 3, 2}), g.input("b", DType::F32, {4, 1, 1}),
-                      g.input("i", DType::I32, {1, 1}));
+  const TensorId wa = g.weight("a", DType::F32, {4, 3, 2});
+  const TensorId wb = g.input("b", DType::F32, {4, 1, 1});
+  const TensorId wi = g.input("i", DType::I32, {1, 1});
+  const TensorId y = g.expert_matmul(wa, wb, wi);
   std::vector<float> a(24, 0.5f), b(4, 0.5f), out(3);
-  for (int32_t id : {-1, 2}) {
+  for (int32_t id : {0, -1, 2}) {
     NodeExecution e{&g.node(y),
-                    {{&g.tensor(0), a.data()}, {&g.tensor(1), b.data()}, {&g.tensor(2), &id}},
+                    {{&g.tensor(wa), a.data()}, {&g.tensor(wb), b.data()}, {&g.tensor(wi), &id}},
                     {&g.tensor(y), out.data()}};
+    if (id == 0) {  // a valid id runs: the throws below are the ids'
+      EXPECT_NO_THROW(cpu.execute(g, e));
+      EXPECT_NO_THROW(reference.execute(g, e));
+      continue;
+    }
     EXPECT_THROW(cpu.execute(g, e), Error) << id;
     EXPECT_THROW(reference.execute(g, e), Error) << id;
   }
   Graph g2;
-  const TensorId w =
-      g2.moe_weights(g2.input("l", DType::F32, {2, 1}), g2.input("i", DType::I32, {1, 1}), true);
+  const TensorId wl = g2.input("l", DType::F32, {2, 1});
+  const TensorId wi2 = g2.input("i", DType::I32, {1, 1});
+  const TensorId w = g2.moe_weights(wl, wi2, true);
   std::vector<float> logits(2, 0.5f), weight(1);
   int32_t bad = 2;
   NodeExecution e2{&g2.node(w),
-                   {{&g2.tensor(0), logits.data()}, {&g2.tensor(1), &bad}},
+                   {{&g2.tensor(wl), logits.data()}, {&g2.tensor(wi2), &bad}},
                    {&g2.tensor(w), weight.data()}};
   EXPECT_THROW(cpu.execute(g2, e2), Error);
   EXPECT_THROW(reference.execute(g2, e2), Error);
