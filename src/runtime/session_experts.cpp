@@ -1,0 +1,283 @@
+// A session's mixture of experts: the routers' choices counted per step (routing statistics,
+// Session::routing) and the hot experts chosen from them (SessionOptions::hot_experts): the
+// policy, the slabs gathered from the file and bound as weights, the reviews.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "tandem/error.h"
+#include "tandem/runtime.h"
+
+namespace tandem {
+
+void Session::count_routing(const LlamaGraph& lg) {
+  // The hot experts serve the small steps (decode), whose routing a prompt's does not show: only
+  // those steps count for them.
+  const bool hot = hot_enabled_ && lg.graph.tensor(lg.positions).elements() <= kHotMaxTokens;
+  if (!hot && !routing_stats_) return;
+  RoutingStats& r = routing_;
+  hot_steps_ += hot;
+  r.steps += routing_stats_;
+  const size_t n_expert = size_t(config_.n_expert);
+  size_t at = 0;
+  for (size_t i = 0; i < lg.routes.size(); ++i) {
+    if (hot && hot_counts_.size() == i) {
+      hot_count_layers_.push_back(lg.routes[i].layer);
+      hot_counts_.emplace_back(n_expert, 0.0);
+    }
+    if (routing_stats_ && r.layers.size() == i) {
+      r.layers.push_back(lg.routes[i].layer);
+      r.chosen.emplace_back(n_expert, 0);
+      r.choices.push_back(0);
+    }
+    const size_t n = size_t(lg.graph.tensor(lg.routes[i].ids).elements());
+    for (size_t j = 0; j < n; ++j) {
+      const int32_t e = route_ids_[at + j];
+      if (e < 0 || size_t(e) >= n_expert) continue;
+      if (hot) hot_counts_[i][size_t(e)] += 1.0;
+      if (routing_stats_) ++r.chosen[i][size_t(e)];
+    }
+    if (routing_stats_) r.choices[i] += int64_t(n);
+    at += n;
+  }
+}
+
+std::vector<double> RoutingStats::top_share(size_t n) const {
+  std::vector<double> out;
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    std::vector<int64_t> c = chosen[i];
+    std::sort(c.begin(), c.end(), std::greater<>());
+    int64_t top = 0;
+    for (size_t k = 0; k < std::min(n, c.size()); ++k) top += c[k];
+    out.push_back(choices[i] > 0 ? double(top) / double(choices[i]) : 0.0);
+  }
+  return out;
+}
+
+std::vector<int64_t> RoutingStats::used() const {
+  std::vector<int64_t> out;
+  for (const auto& c : chosen)
+    out.push_back(std::count_if(c.begin(), c.end(), [](int64_t x) { return x > 0; }));
+  return out;
+}
+
+std::vector<HotExpertLayer> Session::hot_experts() const {
+  std::vector<HotExpertLayer> out;
+  for (const HotLayer& h : hot_) out.push_back(h.set);
+  return out;
+}
+
+namespace {
+
+const char* const kSlabs[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+
+std::string expert_tensor(int layer, const char* what) {
+  return "blk." + std::to_string(layer) + "." + what + ".weight";
+}
+
+// The experts of `counts` by count, most chosen first (ties: the lower id).
+std::vector<int32_t> by_count(std::span<const double> counts) {
+  std::vector<int32_t> order(counts.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return counts[size_t(a)] > counts[size_t(b)]; });
+  return order;
+}
+
+}  // namespace
+
+double hot_share(std::span<const double> counts, std::span<const int32_t> experts) {
+  double total = 0.0, in = 0.0;
+  for (double c : counts) total += c;
+  for (int32_t e : experts) {
+    if (e >= 0 && size_t(e) < counts.size()) in += counts[size_t(e)];
+  }
+  return total > 0.0 ? in / total : 0.0;
+}
+
+std::vector<int32_t> choose_hot_experts(std::span<const double> counts, double coverage,
+                                        size_t least, size_t most) {
+  std::vector<int32_t> top = by_count(counts);
+  double total = 0.0, in = 0.0;
+  for (double c : counts) total += c;
+  size_t n = 0;
+  while (n < top.size() && !(total > 0.0 && in >= coverage * total)) in += counts[size_t(top[n++])];
+  n = std::max(n, std::min(least, top.size()));
+  if (n > most || total <= 0.0) return {};
+  top.resize(n);
+  return top;
+}
+
+std::vector<int32_t> replace_hot_experts(std::span<const double> counts,
+                                         std::span<const int32_t> current, double margin) {
+  std::vector<int32_t> top = by_count(counts);
+  top.resize(std::min(top.size(), current.size()));
+  if (hot_share(counts, top) > hot_share(counts, current) + margin) return top;
+  return {};
+}
+
+Session::HotLayer Session::make_hot_layer(int layer, std::vector<int32_t> experts, double share) {
+  HotLayer h;
+  h.set.layer = layer;
+  h.set.share = share;
+  std::sort(experts.begin(), experts.end());
+  h.set.experts = std::move(experts);
+  h.hot_map.assign(size_t(config_.n_expert), -1);
+  h.cold_map.resize(size_t(config_.n_expert));
+  std::iota(h.cold_map.begin(), h.cold_map.end(), 0);
+  for (size_t slot = 0; slot < h.set.experts.size(); ++slot) {
+    h.hot_map[size_t(h.set.experts[slot])] = int32_t(slot);
+    h.cold_map[size_t(h.set.experts[slot])] = -1;
+  }
+  for (int i = 0; i < 3; ++i) {
+    const gguf::TensorInfo* t = file_.find_tensor(expert_tensor(layer, kSlabs[i]));
+    TANDEM_CHECK_ARG(t != nullptr, "hot experts",
+                     "missing tensor '" + expert_tensor(layer, kSlabs[i]) + "'");
+    const size_t per_expert = t->bytes / size_t(t->ne[2]);
+    h.slab[i].resize(per_expert * h.set.experts.size());
+    for (size_t slot = 0; slot < h.set.experts.size(); ++slot) {
+      std::memcpy(h.slab[i].data() + slot * per_expert,
+                  t->data + size_t(h.set.experts[slot]) * per_expert, per_expert);
+    }
+  }
+  return h;
+}
+
+void Session::retire_graphs() {
+  // The last step's graph stays readable (last_graph) until the next step runs.
+  while (!graphs_.empty()) retired_graphs_.push_back(graphs_.extract(graphs_.begin()));
+}
+
+void Session::bind_hot_layers() {
+  for (const HotLayer& h : hot_) {
+    for (int i = 0; i < 3; ++i) {
+      executor_->bind_weight(hot_expert_name(h.set.layer, kSlabs[i]), h.slab[i].data(),
+                             h.slab[i].size());
+    }
+    executor_->bind_weight(hot_expert_name(h.set.layer, "hot_map"), h.hot_map.data(),
+                           h.hot_map.size() * sizeof(int32_t));
+    executor_->bind_weight(hot_expert_name(h.set.layer, "cold_map"), h.cold_map.data(),
+                           h.cold_map.size() * sizeof(int32_t));
+  }
+}
+
+void Session::review_hot_experts() {
+  if (!hot_enabled_ || hot_counts_.empty() || hot_steps_ < hot_review_at_) return;
+  hot_review_at_ = hot_steps_ + kHotReviewSteps;
+  if (!hot_split_) {
+    first_hot_split();
+  } else {
+    // Hysteresis: a set is replaced only where the experts chosen most lately cover more of the
+    // layer's recent choices than it does by kHotMargin; its size stays (so does the residency).
+    bool changed = false;
+    std::vector<HotLayer> retired;  // bound until the new sets are
+    for (HotLayer& h : hot_) {
+      const auto it = std::find(hot_count_layers_.begin(), hot_count_layers_.end(), h.set.layer);
+      if (it == hot_count_layers_.end()) continue;
+      const std::vector<double>& counts = hot_counts_[size_t(it - hot_count_layers_.begin())];
+      const double now = hot_share(counts, h.set.experts);
+      if (std::vector<int32_t> top = replace_hot_experts(counts, h.set.experts, kHotMargin);
+          !top.empty()) {
+        const double share = hot_share(counts, top);
+        retired.push_back(std::exchange(h, make_hot_layer(h.set.layer, std::move(top), share)));
+        ++hot_changes_;
+        changed = true;
+      } else if (std::abs(now - h.set.share) > kHotMargin) {
+        h.set.share = now;  // the costs' share follows the routing
+        changed = true;
+      }
+    }
+    if (changed) {
+      bind_hot_layers();
+      retire_graphs();
+      preload_phases();
+    }
+  }
+  for (auto& counts : hot_counts_) {
+    for (double& c : counts) c *= 0.5;
+  }
+}
+
+void Session::first_hot_split() {
+  hot_split_ = true;
+  // Per layer the fewest experts that took kHotCoverage of its choices so far; a layer that
+  // needs more than a quarter of its experts for that is left whole.
+  std::vector<HotLayer> hot;
+  for (size_t i = 0; i < hot_counts_.size(); ++i) {
+    const std::vector<double>& counts = hot_counts_[i];
+    std::vector<int32_t> top = choose_hot_experts(
+        counts, kHotCoverage, size_t(config_.n_expert_used), size_t(config_.n_expert) / 4);
+    if (top.empty()) continue;
+    const double share = hot_share(counts, top);
+    hot.push_back(make_hot_layer(hot_count_layers_[i], std::move(top), share));
+  }
+  if (hot.empty()) return;
+  std::swap(hot_, hot);
+  bind_hot_layers();
+  retire_graphs();
+  // Where things live is decided again, with the hot experts as units of their own.
+  std::map<std::string, std::string, std::less<>> before;
+  if (const ResidencyPlan* p = scheduler_->residency_plan()) before = p->home;
+  residency_planned_ = false;
+  residency_stale_ = true;
+  plan_residency(kPlanPrefillTokens);
+  const ResidencyPlan* plan = scheduler_->residency_plan();
+  if (!plan) return;
+  // A layer whose whole experts stay on a device needs no hot ones.
+  auto on_device = [&](const std::string& name) {
+    const auto it = plan->home.find(name);
+    if (it == plan->home.end()) return false;
+    const int b = scheduler_->backend_index(it->second);
+    return b != kNoBackend && !scheduler_->backends()[size_t(b)]->host_accessible();
+  };
+  const size_t split = hot_.size();
+  std::erase_if(hot_, [&](const HotLayer& h) {
+    return on_device(expert_tensor(h.set.layer, "ffn_gate_exps"));
+  });
+  if (hot_.size() != split) retire_graphs();
+  // What the new plan keeps elsewhere leaves each device; KV caches that moved are refilled.
+  size_t moved_caches = 0;
+  auto home = [](const auto& homes, const std::string& name) {
+    const auto it = homes.find(name);
+    return it == homes.end() ? std::string() : it->second;
+  };
+  std::set<std::string> caches;
+  for (const auto* homes : {&std::as_const(before), &plan->home}) {
+    for (const auto& [name, id] : *homes) {
+      if (name.rfind("cache_", 0) == 0) caches.insert(name);
+    }
+  }
+  for (const std::string& name : caches) {
+    if (home(before, name) != home(plan->home, name)) ++moved_caches;
+  }
+  for (const auto& b : scheduler_->backends()) {
+    if (b->host_accessible() || b->lost()) continue;
+    Residency keep;
+    for (const auto& [name, id] : plan->home) {
+      if (id == b->backend_id()) keep.add(id, name, 0);
+    }
+    executor_->release(b->backend_id(), keep);
+  }
+  uploaded_for_.reset();
+  if (moved_caches > 0) rebuild_caches(moved_caches);
+  preload_phases();
+}
+
+void Session::preload_phases() {
+  // The weights the next prefill and decode read from a device, uploaded now (between steps)
+  // rather than in the next step.
+  for (const int64_t n : {std::clamp<int64_t>(kPlanPrefillTokens, 1, n_ctx_), int64_t(1)}) {
+    const LlamaGraph& lg = graph_for(n, false);
+    auto placement = scheduler_->plan(lg.graph, executor_->residency());
+    executor_->preload(lg.graph, *placement);
+  }
+  uploaded_for_.reset();
+}
+
+}  // namespace tandem
