@@ -394,8 +394,10 @@ void moe_cases(Catalog& cat) {
     }
   }
 
+  // n_map > 0: a map of the router's n_map experts onto a's `experts` slots, or none (-1,
+  // zeros), as a layer split into its hot experts and the others.
   struct M {
-    int64_t K, M, experts, b_cols, k, tokens;
+    int64_t K, M, experts, b_cols, k, tokens, n_map = 0;
   };
   auto expert_matmul = [&](DType d, const std::vector<M>& shapes) {
     for (const M& s : shapes) {
@@ -403,10 +405,14 @@ void moe_cases(Catalog& cat) {
       TensorId a = weight(g, "a", d, {s.K, s.M, s.experts});
       TensorId b = input(g, "b", DType::F32, {s.K, s.b_cols, s.tokens});
       TensorId ids = input(g, "ids", DType::I32, {s.k, s.tokens});
-      g.expert_matmul(a, b, ids);
-      cat.add("expert_matmul/" + dt(d) + ".f32.i32/a" + dims({s.K, s.M, s.experts}) + "_b" +
-                  dims({s.K, s.b_cols, s.tokens}) + "_k" + std::to_string(s.k),
-              std::move(g), {{ids, Fill::RowIds, s.experts}});
+      const TensorId map = s.n_map > 0 ? input(g, "map", DType::I32, {s.n_map}) : kNoTensor;
+      g.expert_matmul(a, b, ids, map);
+      std::vector<LeafFill> fills{{ids, Fill::RowIds, s.n_map > 0 ? s.n_map : s.experts}};
+      if (s.n_map > 0) fills.push_back({map, Fill::ExpertMap, s.experts});
+      cat.add("expert_matmul/" + dt(d) + (s.n_map > 0 ? ".f32.i32.i32/a" : ".f32.i32/a") +
+                  dims({s.K, s.M, s.experts}) + "_b" + dims({s.K, s.b_cols, s.tokens}) + "_k" +
+                  std::to_string(s.k) + (s.n_map > 0 ? "_map" + std::to_string(s.n_map) : ""),
+              std::move(g), std::move(fills));
     }
   };
   for (DType d : kFloat) {
@@ -430,30 +436,12 @@ void moe_cases(Catalog& cat) {
     if (cat.large()) shapes.push_back({1024, 128, 8, 1, 2, 33});
     expert_matmul(d, shapes);
   }
-  // With a map: the router's n_map experts reach a's slots through it, or none (-1, zeros), as
-  // a layer split into its hot experts and the others. experts: a's slots.
-  struct Mapped {
-    int64_t K, M, experts, n_map, b_cols, k, tokens;
-  };
-  auto mapped = [&](DType d, const std::vector<Mapped>& shapes) {
-    for (const Mapped& s : shapes) {
-      Graph g;
-      TensorId a = weight(g, "a", d, {s.K, s.M, s.experts});
-      TensorId b = input(g, "b", DType::F32, {s.K, s.b_cols, s.tokens});
-      TensorId ids = input(g, "ids", DType::I32, {s.k, s.tokens});
-      TensorId map = input(g, "map", DType::I32, {s.n_map});
-      g.expert_matmul(a, b, ids, map);
-      cat.add("expert_matmul/" + dt(d) + ".f32.i32.i32/a" + dims({s.K, s.M, s.experts}) + "_b" +
-                  dims({s.K, s.b_cols, s.tokens}) + "_k" + std::to_string(s.k) + "_map" +
-                  std::to_string(s.n_map),
-              std::move(g), {{ids, Fill::RowIds, s.n_map}, {map, Fill::ExpertMap, s.experts}});
-    }
-  };
   for (DType d : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
     const int64_t K = d == DType::F32 || d == DType::F16 ? 37 : 64;
-    mapped(d, {{K, 17, 3, 8, 1, 2, 1}, {K, 33, 8, 8, 2, 2, 5}, {K, 16, 4, 16, 1, 4, 24}});
+    expert_matmul(d, {{K, 17, 3, 1, 2, 1, 8}, {K, 33, 8, 2, 2, 5, 8}, {K, 16, 4, 1, 4, 24, 16}});
   }
-  for (DType d : kKQuantDTypes) mapped(d, {{256, 17, 3, 8, 1, 2, 1}, {256, 7, 4, 16, 1, 4, 24}});
+  for (DType d : kKQuantDTypes)
+    expert_matmul(d, {{256, 17, 3, 1, 2, 1, 8}, {256, 7, 4, 1, 4, 24, 16}});
 
   struct C {
     int64_t n, k, tokens;
