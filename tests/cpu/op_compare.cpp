@@ -95,4 +95,15 @@ double compare_with_reference(CpuBackend& cpu, const OpCase& c, uint32_t seed) {
   return den > 0.0 ? num / den : num;
 }
 
+double nmse_f32(const std::vector<uint8_t>& want, const std::vector<uint8_t>& got) {
+  const auto* a = reinterpret_cast<const float*>(want.data());
+  const auto* b = reinterpret_cast<const float*>(got.data());
+  double num = 0.0, den = 0.0;
+  for (size_t j = 0; j < want.size() / sizeof(float); ++j) {
+    num += double(a[j] - b[j]) * double(a[j] - b[j]);
+    den += double(a[j]) * double(a[j]);
+  }
+  return num / den;
+}
+
 }  // namespace tandem::cpu::cpu_test

@@ -6,6 +6,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "cpu_backend.h"
 
@@ -20,5 +21,8 @@ struct OpCase {
 };
 
 double compare_with_reference(CpuBackend& cpu, const OpCase& c, uint32_t seed);
+
+// The NMSE of `got` against `want`, both raw f32 outputs.
+double nmse_f32(const std::vector<uint8_t>& want, const std::vector<uint8_t>& got);
 
 }  // namespace tandem::cpu::cpu_test
