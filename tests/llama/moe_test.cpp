@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../temp_dir.h"
+#include "moe_util.h"
 #include "tandem/calibration.h"
 #include "tandem/executor.h"
 #include "tandem/layer_split.h"
@@ -33,15 +34,7 @@
 namespace tandem {
 namespace {
 
-double nmse(std::span<const float> ref, std::span<const float> got) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    num += (double(ref[i]) - got[i]) * (double(ref[i]) - got[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return num / den;
-}
+using namespace moe_test;
 
 // K-quant files widen the tiny shapes to whole 256-element super-blocks.
 std::string model_path(const std::string& preset, DType dtype,
@@ -70,17 +63,6 @@ std::vector<int32_t> random_tokens(int n) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (auto& x : t) x = d(rng);
   return t;
-}
-
-SessionOptions options(const std::string& path, const std::string& strategy,
-                       std::vector<TensorPin> pins = {}) {
-  SessionOptions o;
-  o.model_path = path;
-  o.strategy = strategy;
-  o.n_ctx = 64;
-  o.kv_dtype = DType::F32;
-  o.pins = std::move(pins);
-  return o;
 }
 
 std::vector<float> all_logits(const std::string& path, const std::string& strategy,
@@ -366,21 +348,11 @@ TEST(MoeDecode, BatchedDecodeEqualsOneSequenceAtATime) {
 
 // ---- Placement of experts beside a GPU (fake: reference kernels, its own memory) ----
 
-// A host backend and a "GPU" whose memory the executor cannot touch, the host named "host" so
-// that nothing can pass by spelling "cpu".
-std::vector<std::shared_ptr<Backend>> host_and_fake_gpu() {
-  return {test::make_cpu("host"), test::make_gpu("gpu")};
-}
-
 SessionOptions fake_gpu_options(const std::string& path, const std::string& strategy) {
   SessionOptions o = options(path, strategy);
   o.backends = host_and_fake_gpu();
   o.no_calibrate = true;
   return o;
-}
-
-bool is_expert(const std::string& name) {
-  return name.find("_exps") != std::string::npos;
 }
 
 // Per layer, where the last step ran that layer's ExpertMatMul ops: the backend, and
@@ -527,53 +499,6 @@ TEST(MoePlacement, NCpuMoeBadValuesAndDenseModels) {
     EXPECT_NE(std::find(locs.begin(), locs.end(), "gpu"), locs.end()) << t.name;
   }
 }
-
-// A MoE model whose experts are most of its bytes (Qwen3-30B-A3B's ratio: 128 experts, 8 per
-// token) and devices where the dense part belongs on the GPU: a slow host (100 GFLOP/s,
-// 10 GB/s) and a fast GPU behind a 20 GB/s link. Each expert tensor (1.1 MB) takes ~55 us to
-// stream, longer than a decode step's GPU work; a token reads 8/128 of it.
-struct ExpertHeavy {
-  std::string path;
-  gguf::File file;
-  LlamaConfig config;
-  std::shared_ptr<Backend> host = test::make_cpu("host"), gpu = test::make_gpu("gpu");
-
-  ExpertHeavy()
-      : path(write()), file(gguf::File::open(path)), config(LlamaConfig::from_gguf(file)) {}
-  static std::string write() {
-    const auto& dir = test::process_temp_dir("tandem_moe_test_");
-    const std::string p = (dir / "expert_heavy.gguf").string();
-    if (std::filesystem::exists(p)) return p;
-    SyntheticSpec spec = synthetic_preset("tiny-moe", DType::Q8_0, 5);
-    spec.n_embd = 128;
-    spec.n_expert = 128;
-    spec.n_expert_used = 8;
-    spec.threads = 1;
-    write_synthetic_model(spec, p);
-    return p;
-  }
-  static CostModel costs() {
-    auto profile = [](double gflops, double bandwidth, double launch, LinkProfile link) {
-      BackendProfile b;
-      b.peak_gflops.fill(gflops);
-      b.memory_bandwidth_gbs = bandwidth;
-      b.launch_us = launch;
-      b.link = link;
-      return b;
-    };
-    CostModel m;
-    m.set_profile("host", profile(100.0, 10.0, 1.0, {}));
-    m.set_profile("gpu", profile(1e5, 1000.0, 1.0, {20.0, 5.0}));
-    return m;
-  }
-  Graph graph(int64_t n_tokens) const {
-    LlamaGraphOptions o;
-    o.n_tokens = n_tokens;
-    o.n_ctx = 64;
-    o.kv_dtype = DType::F32;
-    return build_llama_graph(config, file, o).graph;
-  }
-};
 
 // Auto under a GPU budget that holds every layer's dense part (attention, norms, router), the
 // output layer and the KV caches but no layer's experts: the experts stay in host memory and
@@ -745,198 +670,6 @@ TEST(MoeStreamed, ExpertsCopiedByRouteGiveTheLogitsOfWholeCopies) {
     std::printf("[ measured ] run %d: streamed %zu bytes by expert, %zu whole\n", run + 1,
                 bytes[0][run], bytes[1][run]);
   }
-}
-
-// The hot-expert policy on counts made by hand: the fewest most chosen that cover the share
-// asked (at least `least`, none past `most`), and a set replaced only past the margin.
-TEST(MoeHotExperts, ChosenAndReplacedByTheirShareOfTheChoices) {
-  const std::vector<double> counts{1, 40, 0, 30, 20, 9};  // 100 choices
-  EXPECT_DOUBLE_EQ(hot_share(counts, std::vector<int32_t>{1, 3}), 0.7);
-  EXPECT_EQ(choose_hot_experts(counts, 0.9, 1, 6), (std::vector<int32_t>{1, 3, 4}));
-  EXPECT_EQ(choose_hot_experts(counts, 0.91, 1, 6), (std::vector<int32_t>{1, 3, 4, 5}));
-  EXPECT_EQ(choose_hot_experts(counts, 0.5, 3, 6), (std::vector<int32_t>{1, 3, 4}));
-  EXPECT_TRUE(choose_hot_experts(counts, 0.9, 1, 2).empty()) << "needs 3, 2 allowed";
-  EXPECT_TRUE(choose_hot_experts(std::vector<double>(6, 0.0), 0.9, 1, 6).empty());
-  // {3, 4} cover 50%, the best pair {1, 3} 70%: replaced past a margin of 0.1, kept at 0.25.
-  EXPECT_EQ(replace_hot_experts(counts, std::vector<int32_t>{3, 4}, 0.1),
-            (std::vector<int32_t>{1, 3}));
-  EXPECT_TRUE(replace_hot_experts(counts, std::vector<int32_t>{3, 4}, 0.25).empty());
-  EXPECT_TRUE(replace_hot_experts(counts, std::vector<int32_t>{3, 1}, 0.0).empty());
-}
-
-// The bytes of a MoE file's dense tensors and of one layer's experts.
-std::pair<size_t, size_t> dense_and_layer_experts(const std::string& path) {
-  size_t dense = 0, experts_per_layer = 0;
-  const gguf::File file = gguf::File::open(path);
-  for (const auto& t : file.tensors()) {
-    if (is_expert(t.name)) {
-      if (layer_of(t.name) == 0) experts_per_layer += t.bytes;
-    } else {
-      dense += t.bytes;
-    }
-  }
-  return {dense, experts_per_layer};
-}
-
-// auto over `backends` (a host and a fake GPU) with ExpertHeavy::costs' figures as the cost
-// profile (a slow host, a fast GPU) and `budget` bytes of GPU memory (and 1 MiB for the rest).
-SessionOptions hot_expert_options(const std::string& path,
-                                  const std::vector<std::shared_ptr<Backend>>& backends,
-                                  size_t budget, bool hot) {
-  const std::string profile =
-      (test::process_temp_dir("tandem_moe_test_") / "hot_experts_profile.json").string();
-  if (!std::filesystem::exists(profile)) {
-    const CostModel costs = ExpertHeavy::costs();
-    std::vector<CalibratedDevice> devices;
-    for (const auto& b : backends) {
-      BackendProfile p = costs.profile(*b);
-      p.calibrated = true;
-      devices.push_back({device_key(*b), p});
-    }
-    write_cost_profile(profile, devices);
-  }
-  SessionOptions o = options(path, "auto");
-  o.backends = backends;
-  o.cost_profile = profile;
-  o.gpu_memory = budget + (size_t(1) << 20);
-  o.hot_experts = hot;
-  return o;
-}
-
-// Hot experts (SessionOptions::hot_experts): a model of 128 experts a layer whose router is
-// skewed, auto on the host and a fake GPU whose budget holds the dense layers and half of one
-// layer's experts. After kHotReviewSteps decode steps the session splits each layer's experts
-// into the most chosen in decode (a slab of their own, which the residency plan keeps on the
-// GPU) and the rest (in host memory); decode runs the hot ones on the GPU; every step's logits
-// stay the reference's, and those of the same session without hot experts.
-TEST(MoeHotExperts, TheMostChosenExpertsLiveOnTheGpuAndTheLogitsStay) {
-  const auto& dir = test::process_temp_dir("tandem_moe_test_");
-  const std::string path = (dir / "expert_heavy_skewed.gguf").string();
-  if (!std::filesystem::exists(path)) {
-    SyntheticSpec spec = synthetic_preset("tiny-moe", DType::Q8_0, 5);
-    spec.n_embd = 128;
-    spec.n_expert = 128;
-    spec.n_expert_used = 8;
-    spec.moe_skew = 3.0f;
-    spec.threads = 1;
-    write_synthetic_model(spec, path);
-  }
-  const auto [dense, experts_per_layer] = dense_and_layer_experts(path);
-  const size_t budget = dense + experts_per_layer / 2;
-  const auto backends = host_and_fake_gpu();
-  auto session_options = [&](bool hot) { return hot_expert_options(path, backends, budget, hot); };
-  std::mt19937 rng(11);
-  std::uniform_int_distribution<int32_t> token(0, 511);
-  const size_t prompt = 8, split_after = size_t(Session::kHotReviewSteps);
-  std::vector<int32_t> tokens(prompt + split_after + 8);
-  for (auto& t : tokens) t = token(rng);
-  // Each session: the prompt, then the other tokens one at a time; every step's last logits.
-  auto run = [&](Session& s, const std::function<void(int)>& after_step = {}) {
-    std::vector<std::vector<float>> out;
-    for (size_t at = 0, step = 0; at < tokens.size(); ++step) {
-      const size_t n = at == 0 ? prompt : 1;
-      auto l = s.eval(std::span<const int32_t>(tokens.data() + at, n));
-      out.emplace_back(l.begin(), l.end());
-      at += n;
-      if (after_step) after_step(int(step));
-    }
-    return out;
-  };
-  Session reference(options(path, "only:reference"));
-  const auto want = run(reference);
-  Session whole(session_options(false));
-  const auto unsplit = run(whole);
-  EXPECT_TRUE(whole.hot_experts().empty());
-
-  Session s(session_options(true));
-  std::set<std::string> hot_where, cold_where;
-  EXPECT_TRUE(s.hot_experts().empty()) << "no routing measured before the first step";
-  const auto got = run(s, [&](int step) {
-    // The prompt (a prefill keeps the layers whole) and the decode steps before the split run
-    // one product a layer; the split comes after the last of those, and decode runs it.
-    const bool split = size_t(step) > split_after;
-    EXPECT_EQ(s.hot_experts().empty(), size_t(step) < split_after) << "step " << step;
-    const Graph& g = *s.last_graph();
-    for (const Node& n : g.nodes()) {
-      if (n.op != OpKind::ExpertMatMul) continue;
-      ASSERT_EQ(n.inputs.size(), split ? 4u : 3u) << "step " << step;
-      if (!split) continue;
-      const std::string& w = g.tensor(g.storage_of(n.inputs[0])).name;
-      const BackendSelection& sel = s.last_placement()->at(n.id);
-      const std::string where =
-          sel.backend->backend_id() + (sel.streamed.empty() ? "" : " streamed");
-      (w.find("_hot") != std::string::npos ? hot_where : cold_where).insert(where);
-    }
-  });
-  const auto hot = s.hot_experts();
-  ASSERT_EQ(hot.size(), size_t(s.config().n_layer)) << s.placement_summary();
-  for (const HotExpertLayer& h : hot) {
-    std::printf("[ measured ] layer %d: %zu hot experts, %.1f%% of the choices\n", h.layer,
-                h.experts.size(), 100.0 * h.share);
-    EXPECT_GE(h.experts.size(), size_t(s.config().n_expert_used));
-    EXPECT_LE(h.experts.size(), size_t(s.config().n_expert / 4));
-    EXPECT_GE(h.share, Session::kHotCoverage);
-    for (const char* what : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) {
-      const auto locs = s.executor().residency().locations(hot_expert_name(h.layer, what));
-      EXPECT_NE(std::find(locs.begin(), locs.end(), "gpu"), locs.end())
-          << hot_expert_name(h.layer, what) << " resident on the GPU";
-    }
-  }
-  EXPECT_EQ(hot_where, std::set<std::string>{"gpu"});
-  EXPECT_FALSE(cold_where.count("gpu")) << "the other experts are not resident on the GPU";
-  std::printf("[ measured ] %s\n", s.placement_summary().c_str());
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_LE(nmse(want[i], got[i]), 1e-6) << "step " << i;
-    EXPECT_LE(nmse(unsplit[i], got[i]), 1e-9) << "step " << i;
-  }
-}
-
-// The hot sets follow the routing: decode one token over and over (its choices fall on a few
-// experts), then another (other experts). The split comes after kHotReviewSteps steps of the
-// first; as the second's steps outweigh the first's in the halved counts, a review replaces
-// the sets (their slabs gathered and bound again, the graphs built again); the logits stay the
-// reference's throughout. (Where each side runs is the search's: on this unskewed tiny model
-// it moves the hot products between the GPU and the host as their share changes.)
-TEST(MoeHotExperts, TheSetsFollowTheRoutingAndTheLogitsStay) {
-  ExpertHeavy m;
-  const auto [dense, experts_per_layer] = dense_and_layer_experts(m.path);
-  const auto backends = host_and_fake_gpu();
-  const size_t steps = size_t(Session::kHotReviewSteps);
-  std::vector<int32_t> tokens(1 + 5 * steps, 5);
-  for (size_t i = 1 + steps; i < tokens.size(); ++i) tokens[i] = 300;
-  auto run = [&](Session& s, const std::function<void(size_t)>& after = {}) {
-    std::vector<std::vector<float>> out;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      auto l = s.eval(std::span<const int32_t>(&tokens[i], 1));
-      out.emplace_back(l.begin(), l.end());
-      if (after) after(i);
-    }
-    return out;
-  };
-  SessionOptions ro = options(m.path, "only:reference"),
-                 ho = hot_expert_options(m.path, backends, dense + experts_per_layer / 2, true);
-  ro.n_ctx = ho.n_ctx = int64_t(tokens.size());
-  Session reference(ro);
-  const auto want = run(reference);
-  Session s(ho);
-  std::vector<HotExpertLayer> first;
-  const auto got = run(s, [&](size_t i) {
-    if (i + 1 == steps) first = s.hot_experts();
-  });
-  ASSERT_FALSE(first.empty()) << "split after " << steps << " steps";
-  const auto last = s.hot_experts();
-  ASSERT_EQ(last.size(), first.size());
-  EXPECT_GE(s.hot_expert_changes(), 1);
-  bool moved = false;
-  for (size_t l = 0; l < last.size(); ++l) {
-    moved = moved || last[l].experts != first[l].experts;
-    EXPECT_EQ(last[l].experts.size(), first[l].experts.size()) << "a set keeps its size";
-  }
-  EXPECT_TRUE(moved);
-  std::printf("[ measured ] %s\n", s.placement_summary().c_str());
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_LE(nmse(want[i], got[i]), 1e-6) << "step " << i;
 }
 
 }  // namespace
