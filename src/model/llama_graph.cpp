@@ -5,6 +5,7 @@
 #include <string>
 
 #include "tandem/error.h"
+#include "tandem/model/llama_config.h"
 
 namespace tandem {
 
@@ -18,7 +19,7 @@ TensorId add_weight(Graph& g, const gguf::File& file, const std::string& name) {
 }
 
 std::string blk(int layer, const char* what) {  // "blk.N.what.weight"
-  return "blk." + std::to_string(layer) + "." + what + ".weight";
+  return llama_layer_tensor(layer, std::string(what) + ".weight");
 }
 
 // Layer l's attention inputs from x ([n_embd, T]): q, k and v of rms_norm(x), rotated, and the
@@ -134,7 +135,7 @@ TensorId add_logits(Graph& g, const gguf::File& file, const LlamaConfig& c, Tens
 std::string hot_expert_name(int layer, const std::string& what) {
   std::string w = what;
   if (const size_t at = w.find("_exps"); at != std::string::npos) w.replace(at, 5, "_hot");
-  return "blk." + std::to_string(layer) + "." + w + ".weight";
+  return llama_layer_tensor(layer, w + ".weight");
 }
 
 std::string kv_cache_name(bool key, int layer, int sequence) {

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "tandem/error.h"
+#include "tandem/model/llama_config.h"
 #include "tandem/runtime.h"
 
 namespace tandem {
@@ -77,8 +78,9 @@ namespace {
 
 const char* const kSlabs[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
 
+// "blk.L.<what>.weight".
 std::string expert_tensor(int layer, const char* what) {
-  return "blk." + std::to_string(layer) + "." + what + ".weight";
+  return llama_layer_tensor(layer, std::string(what) + ".weight");
 }
 
 // The experts of `counts` by count, most chosen first (ties: the lower id).
