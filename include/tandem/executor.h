@@ -102,6 +102,9 @@ class HybridExecutor {
   // Persistent host data of a weight, by name (e.g. a pointer into an mmapped GGUF). Rebinding
   // a name to a different pointer drops its device copies.
   void bind_weight(std::string name, const void* data, size_t bytes);
+  // After the caller rewrote `bytes` of a bound weight's host data from `offset` (between runs):
+  // its device copies get the same bytes; its plans and their pointers stay.
+  void refresh_weight(std::string_view name, size_t offset, size_t bytes);
   // Uploads a bound weight to a backend now (no-op where resident or host memory).
   void preload_weight(std::string_view name, std::string_view backend_id);
   // Uploads every weight the placement keeps on a device and allocates every KV cache it needs

@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tandem/backend.h"
@@ -115,7 +116,7 @@ struct RoutingStats {
 };
 
 // A layer whose experts are split in two products (SessionOptions::hot_experts): its hot
-// experts, and the share of its recent choices they took.
+// experts in their slab's order, and the share of its recent choices they took.
 struct HotExpertLayer {
   int layer = 0;
   std::vector<int32_t> experts;
@@ -124,14 +125,17 @@ struct HotExpertLayer {
 
 // The policy of SessionOptions::hot_experts over one layer's choice counts (per expert):
 // the share of the choices `experts` took; the fewest most chosen experts that took `coverage`
-// of them, at least `least`, or none where that needs more than `most`; and the set that
-// replaces `current` (as many experts: the most chosen) where it covers more of the choices by
-// `margin`, else none (keep `current`). Ties go to the lower expert id.
+// of them, at least `least`, or none where that needs more than `most` (ties: the lower id);
+// and the swaps into `current` (slot, expert): the most chosen other expert takes the slot of
+// the least chosen hot one, and so on, while its count passes that one's by more than `sigmas`
+// standard deviations of their difference (sqrt of their sum: counts of choices vary like
+// Poisson counts), so that noise in the counts moves nothing.
 double hot_share(std::span<const double> counts, std::span<const int32_t> experts);
 std::vector<int32_t> choose_hot_experts(std::span<const double> counts, double coverage,
                                         size_t least, size_t most);
-std::vector<int32_t> replace_hot_experts(std::span<const double> counts,
-                                         std::span<const int32_t> current, double margin);
+std::vector<std::pair<size_t, int32_t>> swap_hot_experts(std::span<const double> counts,
+                                                         std::span<const int32_t> current,
+                                                         double sigmas);
 
 // One phase's placement as `plan` shows it: made without running or uploading anything.
 struct PhasePlan {
@@ -274,13 +278,16 @@ class Session {
   // The routers' choices counted so far (SessionOptions::routing_stats; empty without).
   const RoutingStats& routing() const { return routing_; }
   // The layers split into hot and other experts now (SessionOptions::hot_experts), and how
-  // many times a set changed since the first.
+  // many experts were swapped into a set since the first split.
   std::vector<HotExpertLayer> hot_experts() const;
   int64_t hot_expert_changes() const { return hot_changes_; }
-  // Decode steps between two reviews of the hot sets, the part of a layer's choices its hot experts
-  // aim to cover, and the margin by which a new set must cover more to replace the current one.
+  // Decode steps between two reviews of the hot sets, the part of a layer's choices its hot
+  // experts aim to cover at the first split, how far (in standard deviations) an expert's count
+  // must pass a hot one's to take its slot, and how far a set's share of the choices may drift
+  // from the share its products were planned with before they are planned again.
   static constexpr int64_t kHotReviewSteps = 32;
   static constexpr double kHotCoverage = 0.9;
+  static constexpr double kHotSwapSigmas = 3.0;
   static constexpr double kHotMargin = 0.1;
   // Steps of up to this many tokens run the split layers (prefill keeps one product a layer).
   static constexpr int64_t kHotMaxTokens = 4;
@@ -292,18 +299,27 @@ class Session {
     std::vector<uint8_t> slab[3];
     std::vector<int32_t> hot_map, cold_map;
   };
-  // Gathers a layer's hot experts from the file and binds them (and the maps) as its weights.
+  // Gathers a layer's hot experts from the file (bound as its weights by bind_hot_layers).
   HotLayer make_hot_layer(int layer, std::vector<int32_t> experts, double share);
+  // Puts expert `e` in slot `slot` of a bound layer: its bytes copied from the file into the
+  // slabs and the maps changed in place, their device copies rewritten (the graphs stay).
+  void swap_hot_expert(HotLayer& h, size_t slot, int32_t e);
   // At a step's start: the review kHotReviewSteps after the last (or the first after step 1).
   void review_hot_experts();
   // The first split: the sets chosen, the residency planned again with them, layers whose
   // whole experts it keeps on a device left unsplit, what no longer lives there freed.
   void first_hot_split();
   void bind_hot_layers();
-  // Drops the graphs (built again with the hot experts as they are now), keeping them alive
-  // until the next step.
-  void retire_graphs();
-  void preload_phases();
+  // Drops the graphs of up to `max_tokens` tokens (built again with the hot experts as they are
+  // now), keeping them alive until the next step.
+  void retire_graphs(int64_t max_tokens = std::numeric_limits<int64_t>::max());
+  // Plans the next decode (and prefill) and uploads what they read from a device.
+  void preload_phases(bool prefill = true);
+  // A layer's expert tensor `i` of gate, up, down in the file, and the bytes of one expert.
+  const gguf::TensorInfo& expert_slab_source(int layer, int i) const;
+  size_t expert_bytes(int layer, int i) const;
+  // Copies the expert of `slot` into it (the slabs sized already).
+  void copy_hot_expert(HotLayer& h, size_t slot) const;
   void init(const SessionOptions& options);
   const LlamaGraph& graph_for(int64_t n_tokens, bool all_logits, int sequence = 0);
   void check_step(int sequence, std::span<const int32_t> tokens) const;

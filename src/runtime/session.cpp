@@ -701,7 +701,7 @@ std::string Session::placement_summary() const {
     char buf[160];
     std::snprintf(buf, sizeof buf,
                   "; hot experts: %zu layers, %zu-%zu of %lld each (%.1f%% of their choices, "
-                  "median), %lld changes",
+                  "median), %lld experts swapped in",
                   hot_.size(), least, most, static_cast<long long>(config_.n_expert),
                   100.0 * shares[shares.size() / 2], static_cast<long long>(hot_changes_));
     os << buf;

@@ -116,12 +116,48 @@ std::vector<int32_t> choose_hot_experts(std::span<const double> counts, double c
   return top;
 }
 
-std::vector<int32_t> replace_hot_experts(std::span<const double> counts,
-                                         std::span<const int32_t> current, double margin) {
-  std::vector<int32_t> top = by_count(counts);
-  top.resize(std::min(top.size(), current.size()));
-  if (hot_share(counts, top) > hot_share(counts, current) + margin) return top;
-  return {};
+std::vector<std::pair<size_t, int32_t>> swap_hot_experts(std::span<const double> counts,
+                                                         std::span<const int32_t> current,
+                                                         double sigmas) {
+  auto count = [&](int32_t e) {
+    return e >= 0 && size_t(e) < counts.size() ? counts[size_t(e)] : 0.0;
+  };
+  std::vector<size_t> slots(current.size());  // least chosen first
+  std::iota(slots.begin(), slots.end(), size_t(0));
+  std::stable_sort(slots.begin(), slots.end(),
+                   [&](size_t a, size_t b) { return count(current[a]) < count(current[b]); });
+  std::vector<int32_t> others;  // most chosen first
+  for (int32_t e : by_count(counts)) {
+    if (std::find(current.begin(), current.end(), e) == current.end()) others.push_back(e);
+  }
+  std::vector<std::pair<size_t, int32_t>> swaps;
+  for (size_t k = 0; k < std::min(slots.size(), others.size()); ++k) {
+    const double in = count(others[k]), out = count(current[slots[k]]);
+    if (in - out <= sigmas * std::sqrt(in + out)) break;
+    swaps.emplace_back(slots[k], others[k]);
+  }
+  return swaps;
+}
+
+const gguf::TensorInfo& Session::expert_slab_source(int layer, int i) const {
+  const gguf::TensorInfo* t = file_.find_tensor(expert_tensor(layer, kSlabs[i]));
+  TANDEM_CHECK_ARG(t != nullptr, "hot experts",
+                   "missing tensor '" + expert_tensor(layer, kSlabs[i]) + "'");
+  return *t;
+}
+
+size_t Session::expert_bytes(int layer, int i) const {
+  const gguf::TensorInfo& t = expert_slab_source(layer, i);
+  return t.bytes / size_t(t.ne[2]);
+}
+
+void Session::copy_hot_expert(HotLayer& h, size_t slot) const {
+  for (int i = 0; i < 3; ++i) {
+    const gguf::TensorInfo& t = expert_slab_source(h.set.layer, i);
+    const size_t per_expert = t.bytes / size_t(t.ne[2]);
+    std::memcpy(h.slab[i].data() + slot * per_expert,
+                t.data + size_t(h.set.experts[slot]) * per_expert, per_expert);
+  }
 }
 
 Session::HotLayer Session::make_hot_layer(int layer, std::vector<int32_t> experts, double share) {
@@ -137,23 +173,37 @@ Session::HotLayer Session::make_hot_layer(int layer, std::vector<int32_t> expert
     h.hot_map[size_t(h.set.experts[slot])] = int32_t(slot);
     h.cold_map[size_t(h.set.experts[slot])] = -1;
   }
-  for (int i = 0; i < 3; ++i) {
-    const gguf::TensorInfo* t = file_.find_tensor(expert_tensor(layer, kSlabs[i]));
-    TANDEM_CHECK_ARG(t != nullptr, "hot experts",
-                     "missing tensor '" + expert_tensor(layer, kSlabs[i]) + "'");
-    const size_t per_expert = t->bytes / size_t(t->ne[2]);
-    h.slab[i].resize(per_expert * h.set.experts.size());
-    for (size_t slot = 0; slot < h.set.experts.size(); ++slot) {
-      std::memcpy(h.slab[i].data() + slot * per_expert,
-                  t->data + size_t(h.set.experts[slot]) * per_expert, per_expert);
-    }
-  }
+  for (int i = 0; i < 3; ++i) h.slab[i].resize(expert_bytes(layer, i) * h.set.experts.size());
+  for (size_t slot = 0; slot < h.set.experts.size(); ++slot) copy_hot_expert(h, slot);
   return h;
 }
 
-void Session::retire_graphs() {
+void Session::swap_hot_expert(HotLayer& h, size_t slot, int32_t e) {
+  const int32_t old = h.set.experts[slot];
+  h.hot_map[size_t(old)] = -1;
+  h.cold_map[size_t(old)] = old;
+  h.hot_map[size_t(e)] = int32_t(slot);
+  h.cold_map[size_t(e)] = -1;
+  h.set.experts[slot] = e;
+  copy_hot_expert(h, slot);
+  for (int i = 0; i < 3; ++i) {
+    const size_t per_expert = h.slab[i].size() / h.set.experts.size();
+    executor_->refresh_weight(hot_expert_name(h.set.layer, kSlabs[i]), slot * per_expert,
+                              per_expert);
+  }
+  for (const char* map : {"hot_map", "cold_map"}) {
+    executor_->refresh_weight(hot_expert_name(h.set.layer, map), 0,
+                              size_t(config_.n_expert) * sizeof(int32_t));
+  }
+}
+
+void Session::retire_graphs(int64_t max_tokens) {
   // The last step's graph stays readable (last_graph) until the next step runs.
-  while (!graphs_.empty()) retired_graphs_.push_back(graphs_.extract(graphs_.begin()));
+  for (auto it = graphs_.begin(); it != graphs_.end();) {
+    const auto next = std::next(it);
+    if (std::get<0>(it->first) <= max_tokens) retired_graphs_.push_back(graphs_.extract(it));
+    it = next;
+  }
 }
 
 void Session::bind_hot_layers() {
@@ -175,30 +225,27 @@ void Session::review_hot_experts() {
   if (!hot_split_) {
     first_hot_split();
   } else {
-    // Hysteresis: a set is replaced only where the experts chosen most lately cover more of the
-    // layer's recent choices than it does by kHotMargin; its size stays (so does the residency).
-    bool changed = false;
-    std::vector<HotLayer> retired;  // bound until the new sets are
+    // An expert chosen clearly more lately than a hot one takes its slot, in place: the graphs
+    // and the plans stay. The costs' share follows the routing; past kHotMargin from the share
+    // the decode graphs were planned with, they are built and planned again.
+    bool drifted = false;
     for (HotLayer& h : hot_) {
       const auto it = std::find(hot_count_layers_.begin(), hot_count_layers_.end(), h.set.layer);
       if (it == hot_count_layers_.end()) continue;
       const std::vector<double>& counts = hot_counts_[size_t(it - hot_count_layers_.begin())];
-      const double now = hot_share(counts, h.set.experts);
-      if (std::vector<int32_t> top = replace_hot_experts(counts, h.set.experts, kHotMargin);
-          !top.empty()) {
-        const double share = hot_share(counts, top);
-        retired.push_back(std::exchange(h, make_hot_layer(h.set.layer, std::move(top), share)));
+      for (const auto& [slot, e] : swap_hot_experts(counts, h.set.experts, kHotSwapSigmas)) {
+        swap_hot_expert(h, slot, e);
         ++hot_changes_;
-        changed = true;
-      } else if (std::abs(now - h.set.share) > kHotMargin) {
-        h.set.share = now;  // the costs' share follows the routing
-        changed = true;
+      }
+      if (const double now = hot_share(counts, h.set.experts);
+          std::abs(now - h.set.share) > kHotMargin) {
+        h.set.share = now;
+        drifted = true;
       }
     }
-    if (changed) {
-      bind_hot_layers();
-      retire_graphs();
-      preload_phases();
+    if (drifted) {
+      retire_graphs(kHotMaxTokens);
+      preload_phases(false);
     }
   }
   for (auto& counts : hot_counts_) {
@@ -271,10 +318,11 @@ void Session::first_hot_split() {
   preload_phases();
 }
 
-void Session::preload_phases() {
+void Session::preload_phases(bool prefill) {
   // The weights the next prefill and decode read from a device, uploaded now (between steps)
   // rather than in the next step.
   for (const int64_t n : {std::clamp<int64_t>(kPlanPrefillTokens, 1, n_ctx_), int64_t(1)}) {
+    if (n > 1 && !prefill) continue;
     const LlamaGraph& lg = graph_for(n, false);
     auto placement = scheduler_->plan(lg.graph, executor_->residency());
     executor_->preload(lg.graph, *placement);

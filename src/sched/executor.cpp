@@ -135,6 +135,22 @@ void HybridExecutor::bind_weight(std::string name, const void* data, size_t byte
   impl_->bind(name, data, bytes);
 }
 
+void HybridExecutor::refresh_weight(std::string_view name, size_t offset, size_t bytes) {
+  std::lock_guard lock(impl_->run_mutex);
+  auto it = impl_->weights.find(std::string(name));
+  TANDEM_CHECK_ARG(it != impl_->weights.end(), "executor refresh_weight",
+                   "weight '" + std::string(name) + "' is not bound");
+  WeightEntry& w = it->second;
+  TANDEM_CHECK_ARG(offset <= w.bytes && bytes <= w.bytes - offset, "executor refresh_weight",
+                   "bytes " + std::to_string(offset) + "+" + std::to_string(bytes) +
+                       " past weight '" + w.name + "' (" + std::to_string(w.bytes) + " bytes)");
+  for (size_t b = 0; b < impl_->backends.size(); ++b) {
+    if (!w.device[b]) continue;
+    impl_->backends[b]->copy_from_host(static_cast<uint8_t*>(w.device[b].data()) + offset,
+                                       static_cast<const uint8_t*>(w.host) + offset, bytes);
+  }
+}
+
 namespace {
 int index_of(const std::vector<std::shared_ptr<Backend>>& backends, std::string_view id) {
   for (size_t i = 0; i < backends.size(); ++i) {

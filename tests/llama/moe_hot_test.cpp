@@ -23,8 +23,9 @@ namespace {
 using namespace moe_test;
 
 // The hot-expert policy on counts made by hand: the fewest most chosen that cover the share
-// asked (at least `least`, none past `most`), and a set replaced only past the margin.
-TEST(MoeHotExperts, ChosenAndReplacedByTheirShareOfTheChoices) {
+// asked (at least `least`, none past `most`), and an expert swapped in only where its count
+// passes a hot one's by more than the noise of the two.
+TEST(MoeHotExperts, ChosenAndSwappedByTheirShareOfTheChoices) {
   const std::vector<double> counts{1, 40, 0, 30, 20, 9};  // 100 choices
   EXPECT_DOUBLE_EQ(hot_share(counts, std::vector<int32_t>{1, 3}), 0.7);
   EXPECT_EQ(choose_hot_experts(counts, 0.9, 1, 6), (std::vector<int32_t>{1, 3, 4}));
@@ -32,11 +33,15 @@ TEST(MoeHotExperts, ChosenAndReplacedByTheirShareOfTheChoices) {
   EXPECT_EQ(choose_hot_experts(counts, 0.5, 3, 6), (std::vector<int32_t>{1, 3, 4}));
   EXPECT_TRUE(choose_hot_experts(counts, 0.9, 1, 2).empty()) << "needs 3, 2 allowed";
   EXPECT_TRUE(choose_hot_experts(std::vector<double>(6, 0.0), 0.9, 1, 6).empty());
-  // {3, 4} cover 50%, the best pair {1, 3} 70%: replaced past a margin of 0.1, kept at 0.25.
-  EXPECT_EQ(replace_hot_experts(counts, std::vector<int32_t>{3, 4}, 0.1),
-            (std::vector<int32_t>{1, 3}));
-  EXPECT_TRUE(replace_hot_experts(counts, std::vector<int32_t>{3, 4}, 0.25).empty());
-  EXPECT_TRUE(replace_hot_experts(counts, std::vector<int32_t>{3, 1}, 0.0).empty());
+  using Swaps = std::vector<std::pair<size_t, int32_t>>;
+  // Hot {4, 5} (slots 0, 1): 40 against 9 differ by 31 > 2 x sqrt(49) = 14, 30 against 20 by
+  // 10 < 2 x sqrt(50): one swap, into the least chosen one's slot.
+  EXPECT_EQ(swap_hot_experts(counts, std::vector<int32_t>{4, 5}, 2.0), (Swaps{{1, 1}}));
+  // At 1 sigma both pass (10 > sqrt(50) = 7.1): 3 takes the slot of 4.
+  EXPECT_EQ(swap_hot_experts(counts, std::vector<int32_t>{4, 5}, 1.0), (Swaps{{1, 1}, {0, 3}}));
+  EXPECT_TRUE(swap_hot_experts(counts, std::vector<int32_t>{4, 5}, 5.0).empty());
+  EXPECT_TRUE(swap_hot_experts(counts, std::vector<int32_t>{3, 1}, 0.0).empty()) << "the best";
+  EXPECT_TRUE(swap_hot_experts(std::vector<double>(6, 0.0), std::vector<int32_t>{0}, 0.0).empty());
 }
 
 // The bytes of a MoE file's dense tensors and of one layer's experts.
@@ -169,10 +174,11 @@ TEST(MoeHotExperts, TheMostChosenExpertsLiveOnTheGpuAndTheLogitsStay) {
 
 // The hot sets follow the routing: decode one token over and over (its choices fall on a few
 // experts), then another (other experts). The split comes after kHotReviewSteps steps of the
-// first; as the second's steps outweigh the first's in the halved counts, a review replaces
-// the sets (their slabs gathered and bound again, the graphs built again); the logits stay the
-// reference's throughout. (Where each side runs is the search's: on this unskewed tiny model
-// it moves the hot products between the GPU and the host as their share changes.)
+// first; as the second's steps outweigh the first's in the halved counts, a review swaps the
+// second's experts into the sets (in place: their slabs' slots and maps rewritten on the fake
+// GPU too); the logits stay the reference's throughout. (Where each side runs is the search's:
+// on this unskewed tiny model the hot products end on the host; ExecutorTest.ARefreshedWeight
+// ReachesItsDeviceCopy checks the device copies.)
 TEST(MoeHotExperts, TheSetsFollowTheRoutingAndTheLogitsStay) {
   ExpertHeavy m;
   const auto [dense, experts_per_layer] = dense_and_layer_experts(m.path);

@@ -536,6 +536,37 @@ TEST_F(ExecutorTest, ResidencyPreloadAndEviction) {
   EXPECT_THROW(exec.preload_weight("output.weight", "tpu"), Error);
 }
 
+// A weight rewritten in part on the host between runs (SessionOptions::hot_experts swaps an
+// expert so): refresh_weight gives its device copy the same bytes, without an upload or a new
+// plan; the next run is the reference's on the new weight.
+TEST_F(ExecutorTest, ARefreshedWeightReachesItsDeviceCopy) {
+  MiniModel model(rng_), other(rng_);
+  auto sched = HybridScheduler::builder()
+                   .with_backend(make_cpu())
+                   .with_backend(make_gpu())
+                   .strategy(Strategy::backend_only("gpu"))
+                   .build();
+  HybridExecutor exec(sched);
+  std::vector<test::ModelStep> steps{{{1, 2}, {0, 1}}};
+  const auto before = run_steps(sched, exec, model, steps);
+  ASSERT_TRUE(exec.residency().contains("gpu", "output.weight"));
+  auto& w = model.weights.at("output.weight").bytes;  // F16: a whole value at any even byte
+  const auto& o = other.weights.at("output.weight").bytes;
+  ASSERT_EQ(w.size(), o.size());
+  const size_t at = (w.size() / 2) & ~size_t(1);
+  std::memcpy(w.data() + at, o.data() + at, w.size() - at);
+  exec.refresh_weight("output.weight", at, w.size() - at);
+  const auto uploads = exec.stats().weight_uploads;
+  const auto plans = exec.stats().plans_built;
+  const auto after = run_steps(sched, exec, model, steps);  // binds the same pointers again
+  expect_bitwise_equal(after, reference_logits(model, steps));
+  EXPECT_NE(std::memcmp(after[0].data(), before[0].data(), 4 * after[0].size()), 0);
+  EXPECT_EQ(exec.stats().weight_uploads, uploads) << "rewritten in place";
+  EXPECT_EQ(exec.stats().plans_built, plans);
+  EXPECT_THROW(exec.refresh_weight("output.weight", at, w.size()), Error) << "past its end";
+  EXPECT_THROW(exec.refresh_weight("nope", 0, 1), Error);
+}
+
 TEST_F(ExecutorTest, TimingModes) {
   MiniModel model(rng_);
   auto sched = HybridScheduler::builder().with_backend(make_cpu()).with_backend(make_gpu()).build();
