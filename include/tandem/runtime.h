@@ -86,7 +86,10 @@ struct SessionOptions {
   // the rest stay in host memory; decode runs them there. After kHotReviewSteps decode steps the
   // residency is planned again with them; every kHotReviewSteps more a layer's set is replaced
   // where the experts chosen most lately cover more of its choices by a margin
-  // (Session::hot_experts; --hot-experts). Off by default until measured ahead of whole layers.
+  // (Session::hot_experts; --hot-experts). The split is a trial: where decode's steps in the
+  // kHotReviewSteps after it take no less time (median) than those before it, the session
+  // undoes it and keeps whole layers (Session::hot_experts_outcome). Off by default until
+  // measured ahead of whole layers.
   bool hot_experts = false;
   // Called as weights are uploaded to a device (bytes done, bytes of this upload in all).
   HybridExecutor::Progress load_progress;
@@ -281,6 +284,9 @@ class Session {
   // many experts were swapped into a set since the first split.
   std::vector<HotExpertLayer> hot_experts() const;
   int64_t hot_expert_changes() const { return hot_changes_; }
+  // What the trial of the split decided (SessionOptions::hot_experts): empty before it ends,
+  // else the median decode step before and after the split and whether it stayed.
+  const std::string& hot_experts_outcome() const { return hot_outcome_; }
   // Decode steps between two reviews of the hot sets, the part of a layer's choices its hot
   // experts aim to cover at the first split, how far (in standard deviations) an expert's count
   // must pass a hot one's to take its slot, and how far a set's share of the choices may drift
@@ -309,6 +315,13 @@ class Session {
   // The first split: the sets chosen, the residency planned again with them, layers whose
   // whole experts it keeps on a device left unsplit, what no longer lives there freed.
   void first_hot_split();
+  // Undoes the split (the trial found decode no faster): whole layers again, counting stops.
+  void end_hot_split();
+  // After the hot sets changed: plans the residency again; then applies it: frees on each
+  // device what the plan keeps elsewhere, refills KV caches that moved (`before`: the homes
+  // before), uploads the new residency between steps.
+  const ResidencyPlan* plan_residency_again();
+  void apply_residency(const std::map<std::string, std::string, std::less<>>& before);
   void bind_hot_layers();
   // Drops the graphs of up to `max_tokens` tokens (built again with the hot experts as they are
   // now), keeping them alive until the next step.
@@ -399,6 +412,11 @@ class Session {
   int64_t hot_steps_ = 0;  // steps counted for the hot experts (up to kHotMaxTokens tokens)
   int64_t hot_review_at_ = kHotReviewSteps;  // hot_steps_ from which the next review runs
   int64_t hot_changes_ = 0;
+  // The trial of the split: decode step times (us) while it runs, the median before the split.
+  bool hot_timing_ = false;
+  std::vector<double> hot_step_us_;
+  double hot_before_us_ = 0.0;
+  std::string hot_outcome_;
   int64_t steps_ = 0;
   size_t events_learned_ = 0;
   HybridExecutor::Progress load_progress_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <numeric>
 #include <ostream>
@@ -459,6 +460,11 @@ void Session::execute_step(const LlamaGraph& lg, std::span<const int32_t> tokens
   const bool sampled = learn_ && learn_every_ > 0 && ++steps_ % learn_every_ == 0;
   const TimingMode timing = executor_->options().timing;
   if (sampled) executor_->set_timing(TimingMode::PerOp);
+  // Decode steps are timed for the hot experts' trial (before and after the split); the planning
+  // and uploads above stay out of it.
+  const bool timed = hot_enabled_ && (!hot_split_ || hot_timing_) && !sampled &&
+                     lg.graph.tensor(lg.positions).elements() <= kHotMaxTokens;
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     executor_->run(lg.graph, *last_placement_, bindings);
   } catch (...) {
@@ -466,6 +472,10 @@ void Session::execute_step(const LlamaGraph& lg, std::span<const int32_t> tokens
     throw;
   }
   if (sampled) executor_->set_timing(timing);
+  if (timed) {
+    hot_step_us_.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
   if (learn_ && (sampled || learn_every_ == 0)) learn_from(lg.graph);
   if (count_routes) count_routing(lg);
 }
@@ -705,6 +715,9 @@ std::string Session::placement_summary() const {
                   hot_.size(), least, most, static_cast<long long>(config_.n_expert),
                   100.0 * shares[shares.size() / 2], static_cast<long long>(hot_changes_));
     os << buf;
+    if (!hot_outcome_.empty()) os << " (" << hot_outcome_ << ")";
+  } else if (!hot_outcome_.empty()) {
+    os << "; hot experts tried: " << hot_outcome_;
   }
   for (size_t i = 0; i < recoveries_.size(); ++i) {
     const Recovery& r = recoveries_[i];

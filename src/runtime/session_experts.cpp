@@ -3,6 +3,7 @@
 // policy, the slabs gathered from the file and bound as weights, the reviews.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -224,6 +225,20 @@ void Session::review_hot_experts() {
   hot_review_at_ = hot_steps_ + kHotReviewSteps;
   if (!hot_split_) {
     first_hot_split();
+  } else if (hot_timing_) {
+    // The trial's verdict: the split stays only where decode got faster.
+    hot_timing_ = false;
+    const double after = hot_step_us_.empty() ? 0.0 : median(hot_step_us_);
+    hot_step_us_.clear();
+    const bool keep = after > 0.0 && after < hot_before_us_;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "decode %.0f us a step split against %.0f us whole: %s", after,
+                  hot_before_us_, keep ? "kept" : "undone, whole layers");
+    hot_outcome_ = buf;
+    if (!keep) {
+      end_hot_split();
+      return;
+    }
   } else {
     // An expert chosen clearly more lately than a hot one takes its slot, in place: the graphs
     // and the plans stay. The costs' share follows the routing; past kHotMargin from the share
@@ -273,10 +288,7 @@ void Session::first_hot_split() {
   // Where things live is decided again, with the hot experts as units of their own.
   std::map<std::string, std::string, std::less<>> before;
   if (const ResidencyPlan* p = scheduler_->residency_plan()) before = p->home;
-  residency_planned_ = false;
-  residency_stale_ = true;
-  plan_residency(kPlanPrefillTokens);
-  const ResidencyPlan* plan = scheduler_->residency_plan();
+  const ResidencyPlan* plan = plan_residency_again();
   if (!plan) return;
   // A layer whose whole experts stay on a device needs no hot ones.
   auto on_device = [&](const std::string& name) {
@@ -290,6 +302,35 @@ void Session::first_hot_split() {
     return on_device(expert_tensor(h.set.layer, "ffn_gate_exps"));
   });
   if (hot_.size() != split) retire_graphs();
+  apply_residency(before);
+  // The trial: decode's steps before the split against those after it.
+  if (!hot_.empty() && !hot_step_us_.empty()) {
+    hot_before_us_ = median(hot_step_us_);
+    hot_timing_ = true;
+  }
+  hot_step_us_.clear();
+}
+
+void Session::end_hot_split() {
+  std::map<std::string, std::string, std::less<>> before;
+  if (const ResidencyPlan* p = scheduler_->residency_plan()) before = p->home;
+  hot_.clear();
+  hot_enabled_ = false;  // the routers' choices are no longer copied out (but for --routing-stats)
+  hot_counts_.clear();
+  hot_count_layers_.clear();
+  retire_graphs();
+  if (plan_residency_again()) apply_residency(before);
+}
+
+const ResidencyPlan* Session::plan_residency_again() {
+  residency_planned_ = false;
+  residency_stale_ = true;
+  plan_residency(kPlanPrefillTokens);
+  return scheduler_->residency_plan();
+}
+
+void Session::apply_residency(const std::map<std::string, std::string, std::less<>>& before) {
+  const ResidencyPlan* plan = scheduler_->residency_plan();
   // What the new plan keeps elsewhere leaves each device; KV caches that moved are refilled.
   size_t moved_caches = 0;
   auto home = [](const auto& homes, const std::string& name) {
@@ -297,7 +338,7 @@ void Session::first_hot_split() {
     return it == homes.end() ? std::string() : it->second;
   };
   std::set<std::string> caches;
-  for (const auto* homes : {&std::as_const(before), &plan->home}) {
+  for (const auto* homes : {&before, &plan->home}) {
     for (const auto& [name, id] : *homes) {
       if (name.rfind("cache_", 0) == 0) caches.insert(name);
     }

@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -83,6 +85,22 @@ SessionOptions hot_expert_options(const std::string& path,
   return o;
 }
 
+// A host and a fake GPU on which one kind of expert product sleeps a millisecond: with
+// `slow_split` the split layers' (those with a map) on either, else whole layers' (no map), so
+// that the trial of a split finds decode slower after it, or faster.
+std::vector<std::shared_ptr<Backend>> timed_backends(bool slow_split) {
+  auto host = test::make_cpu("host");
+  auto gpu = test::make_gpu("gpu");
+  for (const auto& b : {host, gpu}) {
+    b->on_execute = [slow_split](const Graph&, const Node& n) {
+      if (n.op == OpKind::ExpertMatMul && (n.inputs.size() > 3) == slow_split) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    };
+  }
+  return {host, gpu};
+}
+
 // Hot experts (SessionOptions::hot_experts): a model of 128 experts a layer whose router is
 // skewed, auto on the host and a fake GPU whose budget holds the dense layers and half of one
 // layer's experts. After kHotReviewSteps decode steps the session splits each layer's experts
@@ -103,7 +121,7 @@ TEST(MoeHotExperts, TheMostChosenExpertsLiveOnTheGpuAndTheLogitsStay) {
   }
   const auto [dense, experts_per_layer] = dense_and_layer_experts(path);
   const size_t budget = dense + experts_per_layer / 2;
-  const auto backends = host_and_fake_gpu();
+  const auto backends = timed_backends(false);  // the trial keeps the split
   auto session_options = [&](bool hot) { return hot_expert_options(path, backends, budget, hot); };
   std::mt19937 rng(11);
   std::uniform_int_distribution<int32_t> token(0, 511);
@@ -182,7 +200,7 @@ TEST(MoeHotExperts, TheMostChosenExpertsLiveOnTheGpuAndTheLogitsStay) {
 TEST(MoeHotExperts, TheSetsFollowTheRoutingAndTheLogitsStay) {
   ExpertHeavy m;
   const auto [dense, experts_per_layer] = dense_and_layer_experts(m.path);
-  const auto backends = host_and_fake_gpu();
+  const auto backends = timed_backends(false);  // the trial keeps the split
   const size_t steps = size_t(Session::kHotReviewSteps);
   std::vector<int32_t> tokens(1 + 5 * steps, 5);
   for (size_t i = 1 + steps; i < tokens.size(); ++i) tokens[i] = 300;
@@ -218,6 +236,44 @@ TEST(MoeHotExperts, TheSetsFollowTheRoutingAndTheLogitsStay) {
   std::printf("[ measured ] %s\n", s.placement_summary().c_str());
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_LE(nmse(want[i], got[i]), 1e-6) << "step " << i;
+}
+
+// The split is a trial: where decode's steps after it take longer than those before it (here
+// the split layers' products sleep), the next review undoes it. The sets are gone,
+// nothing of the hot experts is resident, the residency plan
+// is a session's without hot experts, and every step's logits stay the reference's.
+TEST(MoeHotExperts, ASplitThatSlowsDecodeIsUndone) {
+  ExpertHeavy m;
+  const auto [dense, experts_per_layer] = dense_and_layer_experts(m.path);
+  const auto backends = timed_backends(true);
+  const size_t steps = size_t(Session::kHotReviewSteps);
+  std::vector<int32_t> tokens(1 + 3 * steps, 5);
+  SessionOptions ro = options(m.path, "only:reference"),
+                 ho = hot_expert_options(m.path, backends, dense + experts_per_layer / 2, true),
+                 wo = hot_expert_options(m.path, backends, dense + experts_per_layer / 2, false);
+  ro.n_ctx = ho.n_ctx = wo.n_ctx = int64_t(tokens.size());
+  Session reference(ro), s(ho), whole(wo);
+  bool split = false;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::span<const int32_t> t(&tokens[i], 1);
+    const auto want = reference.eval(t);
+    const std::vector<float> want_copy(want.begin(), want.end());
+    whole.eval(t);
+    const auto got = s.eval(t);
+    EXPECT_LE(nmse(want_copy, std::vector<float>(got.begin(), got.end())), 1e-6) << "step " << i;
+    split = split || !s.hot_experts().empty();
+  }
+  EXPECT_TRUE(split) << "split after " << steps << " steps";
+  EXPECT_TRUE(s.hot_experts().empty()) << s.placement_summary();
+  EXPECT_NE(s.hot_experts_outcome().find("undone"), std::string::npos) << s.hot_experts_outcome();
+  for (int l = 0; l < s.config().n_layer; ++l) {
+    for (const char* what : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) {
+      EXPECT_FALSE(s.executor().residency().contains("gpu", hot_expert_name(l, what)));
+    }
+  }
+  ASSERT_TRUE(s.scheduler().residency_plan() && whole.scheduler().residency_plan());
+  EXPECT_EQ(s.scheduler().residency_plan()->home, whole.scheduler().residency_plan()->home);
+  std::printf("[ measured ] %s\n", s.placement_summary().c_str());
 }
 
 }  // namespace

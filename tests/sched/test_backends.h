@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
@@ -46,6 +47,7 @@ class TestBackend : public HostBackend {
   int fused_nodes() const override { return config_.fused_nodes; }
 
   void execute(const Graph& graph, const NodeExecution& exec) override {
+    if (on_execute) on_execute(graph, *exec.node);
     if (lost_) throw_error(ErrorCode::DeviceLost, backend_id(), "the device is lost");
     if (lose_at_execution > 0 && executed + 1 == lose_at_execution) {
       lost_ = true;
@@ -144,7 +146,8 @@ class TestBackend : public HostBackend {
   }
 
   void set_lost(bool lost) { lost_ = lost; }
-  int fail_on_op = -1;  // an OpKind that throws when executed
+  int fail_on_op = -1;                                        // an OpKind that throws when executed
+  std::function<void(const Graph&, const Node&)> on_execute;  // before each node runs
   bool fail_allocations = false;
   // Allocations that would take the bytes held past this throw OutOfMemory.
   size_t allocation_limit = SIZE_MAX;
