@@ -86,8 +86,8 @@ struct SessionOptions {
   // the rest stay in host memory; decode runs them there. After kHotReviewSteps decode steps the
   // residency is planned again with them; every kHotReviewSteps more a layer's set is replaced
   // where the experts chosen most lately cover more of its choices by a margin
-  // (Session::hot_experts; --hot-experts). The split is a trial: where decode's steps in the
-  // kHotReviewSteps after it take no less time (median) than those before it, the session
+  // (Session::hot_experts; --hot-experts). The split is a trial: at the first review window
+  // whose decode steps take no less time (median) than those before the split, the session
   // undoes it and keeps whole layers (Session::hot_experts_outcome). Off by default until
   // measured ahead of whole layers.
   bool hot_experts = false;
@@ -284,8 +284,8 @@ class Session {
   // many experts were swapped into a set since the first split.
   std::vector<HotExpertLayer> hot_experts() const;
   int64_t hot_expert_changes() const { return hot_changes_; }
-  // What the trial of the split decided (SessionOptions::hot_experts): empty before it ends,
-  // else the median decode step before and after the split and whether it stayed.
+  // What the last review of the split decided (SessionOptions::hot_experts): empty before the
+  // first, else the median decode step of its window against whole layers' and the verdict.
   const std::string& hot_experts_outcome() const { return hot_outcome_; }
   // Decode steps between two reviews of the hot sets, the part of a layer's choices its hot
   // experts aim to cover at the first split, how far (in standard deviations) an expert's count

@@ -225,21 +225,22 @@ void Session::review_hot_experts() {
   hot_review_at_ = hot_steps_ + kHotReviewSteps;
   if (!hot_split_) {
     first_hot_split();
-  } else if (hot_timing_) {
-    // The trial's verdict: the split stays only where decode got faster.
-    hot_timing_ = false;
-    const double after = hot_step_us_.empty() ? 0.0 : median(hot_step_us_);
-    hot_step_us_.clear();
-    const bool keep = after > 0.0 && after < hot_before_us_;
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "decode %.0f us a step split against %.0f us whole: %s", after,
-                  hot_before_us_, keep ? "kept" : "undone, whole layers");
-    hot_outcome_ = buf;
-    if (!keep) {
-      end_hot_split();
-      return;
-    }
   } else {
+    // Every review window is a trial: the split stays while decode's median step in it stays
+    // under the whole layers' (measured before the split).
+    if (hot_timing_ && !hot_step_us_.empty()) {
+      const double now = median(hot_step_us_);
+      hot_step_us_.clear();
+      const bool keep = now < hot_before_us_;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "decode %.0f us a step split against %.0f us whole: %s", now,
+                    hot_before_us_, keep ? "kept" : "undone, whole layers");
+      hot_outcome_ = buf;
+      if (!keep) {
+        end_hot_split();
+        return;
+      }
+    }
     // An expert chosen clearly more lately than a hot one takes its slot, in place: the graphs
     // and the plans stay. The costs' share follows the routing; past kHotMargin from the share
     // the decode graphs were planned with, they are built and planned again.
