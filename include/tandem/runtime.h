@@ -416,6 +416,7 @@ class Session {
   bool hot_timing_ = false;
   std::vector<double> hot_step_us_;
   double hot_before_us_ = 0.0;
+  double hot_review_us_ = 0.0;  // the last review's swaps and plans
   std::string hot_outcome_;
   int64_t steps_ = 0;
   size_t events_learned_ = 0;

@@ -2,6 +2,7 @@
 // Session::routing) and the hot experts chosen from them (SessionOptions::hot_experts): the
 // policy, the slabs gathered from the file and bound as weights, the reviews.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -229,7 +230,8 @@ void Session::review_hot_experts() {
     // Every review window is a trial: the split stays while decode's median step in it stays
     // under the whole layers' (measured before the split).
     if (hot_timing_ && !hot_step_us_.empty()) {
-      const double now = median(hot_step_us_);
+      // The last review's swaps and plans, paid between steps, spread over the window's steps.
+      const double now = median(hot_step_us_) + hot_review_us_ / double(hot_step_us_.size());
       hot_step_us_.clear();
       const bool keep = now < hot_before_us_;
       char buf[160];
@@ -241,6 +243,7 @@ void Session::review_hot_experts() {
         return;
       }
     }
+    const auto t0 = std::chrono::steady_clock::now();
     // An expert chosen clearly more lately than a hot one takes its slot, in place: the graphs
     // and the plans stay. The costs' share follows the routing; past kHotMargin from the share
     // the decode graphs were planned with, they are built and planned again.
@@ -263,6 +266,8 @@ void Session::review_hot_experts() {
       retire_graphs(kHotMaxTokens);
       preload_phases(false);
     }
+    hot_review_us_ =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   }
   for (auto& counts : hot_counts_) {
     for (double& c : counts) c *= 0.5;
