@@ -70,7 +70,7 @@ struct SessionOptions {
   TimingMode timing = TimingMode::Off;
   bool record_events = true;
   // Cost profile: another file (--cost-profile), none (--no-calibrate), a quick calibration
-  // when missing (run, bench), and learning from timed ops (TimingMode::PerOp) or from one
+  // when missing (run, bench, tune), and learning from timed ops (TimingMode::PerOp) or from one
   // step in learn_every, timed per op when the rest are not.
   std::string cost_profile;
   bool no_calibrate = false;
