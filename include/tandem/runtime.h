@@ -284,6 +284,9 @@ class Session {
   // many experts were swapped into a set since the first split.
   std::vector<HotExpertLayer> hot_experts() const;
   int64_t hot_expert_changes() const { return hot_changes_; }
+  // Whether this session splits hot experts (SessionOptions::hot_experts where it applies; false
+  // again once a trial undid the split).
+  bool hot_experts_enabled() const { return hot_enabled_; }
   // What the last review of the split decided (SessionOptions::hot_experts): empty before the
   // first, else the median decode step of its window against whole layers' and the verdict.
   const std::string& hot_experts_outcome() const { return hot_outcome_; }

@@ -219,7 +219,8 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
         }
         out["experts"] = {{"n_expert", config.n_expert},
                           {"n_expert_used", config.n_expert_used},
-                          {"layers", jexperts}};
+                          {"layers", jexperts},
+                          {"hot_experts", engine.hot_experts_enabled()}};
       }
       const ResidencyPlan* rp = engine.scheduler().residency_plan();
       if (rp) {
@@ -280,6 +281,17 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
                     << format_bytes(size_t(double(row.first) * double(config.n_expert_used) /
                                            double(config.n_expert)))
                     << " read per token; on " << row.second << "\n";
+        }
+        if (engine.hot_experts_enabled()) {
+          std::cout
+              << "  hot experts (--hot-experts): chosen while running, not in this plan: after "
+              << Session::kHotReviewSteps
+              << " decode steps each layer whose experts stay in host memory gets its most "
+                 "chosen ones (those that took "
+              << int(100 * Session::kHotCoverage) << "% of its choices, at most "
+              << config.n_expert / 4
+              << ") as weights of their own, placed again with them; kept while decode "
+                 "runs faster than with whole layers\n";
         }
       }
       for (size_t i = 0; i < phases.size(); ++i) {
