@@ -114,6 +114,9 @@ class HybridExecutor {
   void preload(const Graph& graph, const Placement& placement, const Progress& progress = {});
   // Frees a weight's device copies (it stays bound).
   void evict_weight(std::string_view name);
+  // Forgets a weight: its device copies freed, its host data no longer used (the caller may
+  // free it). No-op for a name not bound.
+  void unbind_weight(std::string_view name);
   // Frees what is held on a backend beyond `keep`: its weight copies and KV caches that `keep`
   // does not list (they leave residency()), and every compiled plan (their arenas). After a
   // failed step, `keep` = the residency before it frees what the step allocated; an empty

@@ -320,6 +320,10 @@ void Session::first_hot_split() {
 void Session::end_hot_split() {
   std::map<std::string, std::string, std::less<>> before;
   if (const ResidencyPlan* p = scheduler_->residency_plan()) before = p->home;
+  for (const HotLayer& h : hot_) {  // their slabs and maps are freed below
+    for (const char* what : {kSlabs[0], kSlabs[1], kSlabs[2], "hot_map", "cold_map"})
+      executor_->unbind_weight(hot_expert_name(h.set.layer, what));
+  }
   hot_.clear();
   hot_enabled_ = false;  // the routers' choices are no longer copied out (but for --routing-stats)
   hot_counts_.clear();

@@ -223,6 +223,18 @@ void HybridExecutor::evict_weight(std::string_view name) {
   if (any) impl_->generation++;
 }
 
+void HybridExecutor::unbind_weight(std::string_view name) {
+  std::lock_guard lock(impl_->run_mutex);
+  auto it = impl_->weights.find(std::string(name));
+  if (it == impl_->weights.end()) return;
+  for (size_t b = 0; b < impl_->backends.size(); ++b) {
+    if (it->second.device[b]) impl_->residency.remove(impl_->backends[b]->backend_id(), name);
+  }
+  impl_->release_stream_sources(it->second);
+  impl_->weights.erase(it);
+  impl_->generation++;  // plans holding its pointers are rebuilt
+}
+
 std::vector<std::string> HybridExecutor::release(std::string_view backend_id,
                                                  const Residency& keep) {
   std::lock_guard lock(impl_->run_mutex);

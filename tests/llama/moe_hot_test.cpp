@@ -240,7 +240,7 @@ TEST(MoeHotExperts, TheSetsFollowTheRoutingAndTheLogitsStay) {
 
 // The split is a trial: where decode's steps after it take longer than those before it (here
 // the split layers' products sleep), the next review undoes it. The sets are gone,
-// nothing of the hot experts is resident, the residency plan
+// nothing of the hot experts is resident or bound, the residency plan
 // is a session's without hot experts, and every step's logits stay the reference's.
 TEST(MoeHotExperts, ASplitThatSlowsDecodeIsUndone) {
   ExpertHeavy m;
@@ -267,8 +267,10 @@ TEST(MoeHotExperts, ASplitThatSlowsDecodeIsUndone) {
   EXPECT_TRUE(s.hot_experts().empty()) << s.placement_summary();
   EXPECT_NE(s.hot_experts_outcome().find("undone"), std::string::npos) << s.hot_experts_outcome();
   for (int l = 0; l < s.config().n_layer; ++l) {
-    for (const char* what : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) {
+    for (const char* what : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "hot_map"}) {
       EXPECT_FALSE(s.executor().residency().contains("gpu", hot_expert_name(l, what)));
+      // Their host data is freed: the executor no longer knows them.
+      EXPECT_THROW(s.executor().preload_weight(hot_expert_name(l, what), "gpu"), Error);
     }
   }
   ASSERT_TRUE(s.scheduler().residency_plan() && whole.scheduler().residency_plan());
