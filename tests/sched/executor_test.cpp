@@ -532,6 +532,13 @@ TEST_F(ExecutorTest, ResidencyPreloadAndEviction) {
   EXPECT_TRUE(exec.has_kv_cache(MiniModel::cache_name(1, 'k')));
   exec.evict_weight("output.weight");
   EXPECT_FALSE(exec.residency().contains("gpu", "output.weight"));
+  // Unbound: its device copy freed and the name unknown (its host data may go).
+  exec.preload_weight("output.weight", "gpu");
+  const size_t with_it = exec.resident_bytes("gpu");
+  exec.unbind_weight("output.weight");
+  EXPECT_EQ(exec.resident_bytes("gpu"), with_it - w.bytes.size());
+  EXPECT_THROW(exec.preload_weight("output.weight", "gpu"), Error);
+  exec.unbind_weight("output.weight");  // no longer bound: nothing to do
   EXPECT_THROW(exec.preload_weight("nope", "gpu"), Error);
   EXPECT_THROW(exec.preload_weight("output.weight", "tpu"), Error);
 }
