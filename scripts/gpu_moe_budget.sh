@@ -5,7 +5,7 @@
 # sweep, pp512 and tg64. llama-bench runs verbose once per N so that its CUDA0 buffers (model,
 # KV cache, compute) are read from its own log: a row whose sum exceeds the budget is marked.
 # Tandem's lines add the share of the expert bytes its prefill copied and, from `run
-# --routing-stats`, how concentrated the file's routers are, and the hot experts the session
+# --routing-stats`, how concentrated the file's routers are, and the hot experts the run
 # chose where it runs with them (TANDEM_AB="--hot-experts": a second Tandem run with those flags).
 # Usage (repo root, .gpu-tools/ holding the GPU kit):
 #   OUT=/tmp/out BUDGET=8 NCMOE="26 27 28 30 32" SKEWS="0 3" bash scripts/gpu_moe_budget.sh

@@ -206,7 +206,7 @@ void Session::init(const SessionOptions& options) {
   costs_ = load_cost_model(backends, cost_options, options.log ? *options.log : null_stream());
   learn_every_ = options.timing == TimingMode::PerOp ? 0 : options.learn_every;
   routing_stats_ = options.routing_stats;
-  // Hot experts where the placement is the session's own to choose and a device can hold them;
+  // Hot experts where the placement is this Session's own to choose and a device can hold them;
   // few experts a layer (Mixtral's 8) are placed as whole layers.
   const bool a_device = std::any_of(backends.begin(), backends.end(),
                                     [](const auto& b) { return !b->host_accessible(); });
