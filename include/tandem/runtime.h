@@ -302,17 +302,22 @@ class Session {
   static constexpr int64_t kHotMaxTokens = 4;
 
  private:
-  // A split layer's data: the slabs (gate, up, down) and the two maps, bound as weights.
+  // A split layer's data: the slabs (gate, up, down) and the two maps, bound as weights, and
+  // the file's expert tensors the slabs are gathered from.
   struct HotLayer {
     HotExpertLayer set;
     std::vector<uint8_t> slab[3];
     std::vector<int32_t> hot_map, cold_map;
+    const gguf::TensorInfo* source[3] = {};
   };
   // Gathers a layer's hot experts from the file (bound as its weights by bind_hot_layers).
   HotLayer make_hot_layer(int layer, std::vector<int32_t> experts, double share);
-  // Puts expert `e` in slot `slot` of a bound layer: its bytes copied from the file into the
-  // slabs and the maps changed in place, their device copies rewritten (the graphs stay).
-  void swap_hot_expert(HotLayer& h, size_t slot, int32_t e);
+  // Puts expert `e` in slot `slot` of h, on the host: the maps' entries (the slot's expert
+  // before leaves them) and its bytes from the file into the slabs.
+  static void put_hot_expert(HotLayer& h, size_t slot, int32_t e);
+  // Swaps (slot, expert) into a bound layer in place, their device copies rewritten (the
+  // graphs and plans stay).
+  void swap_hot_experts_in(HotLayer& h, std::span<const std::pair<size_t, int32_t>> swaps);
   // At a step's start: the review kHotReviewSteps after the last (or the first after step 1).
   void review_hot_experts();
   // The first split: the sets chosen, the residency planned again with them, layers whose
@@ -331,11 +336,6 @@ class Session {
   void retire_graphs(int64_t max_tokens = std::numeric_limits<int64_t>::max());
   // Plans the next decode (and prefill) and uploads what they read from a device.
   void preload_phases(bool prefill = true);
-  // A layer's expert tensor `i` of gate, up, down in the file, and the bytes of one expert.
-  const gguf::TensorInfo& expert_slab_source(int layer, int i) const;
-  size_t expert_bytes(int layer, int i) const;
-  // Copies the expert of `slot` into it (the slabs sized already).
-  void copy_hot_expert(HotLayer& h, size_t slot) const;
   void init(const SessionOptions& options);
   const LlamaGraph& graph_for(int64_t n_tokens, bool all_logits, int sequence = 0);
   void check_step(int sequence, std::span<const int32_t> tokens) const;

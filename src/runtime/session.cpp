@@ -464,7 +464,8 @@ void Session::execute_step(const LlamaGraph& lg, std::span<const int32_t> tokens
   // and uploads above stay out of it.
   const bool timed = hot_enabled_ && (!hot_split_ || hot_timing_) && !sampled &&
                      lg.graph.tensor(lg.positions).elements() <= kHotMaxTokens;
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 =
+      timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   try {
     executor_->run(lg.graph, *last_placement_, bindings);
   } catch (...) {

@@ -141,62 +141,56 @@ std::vector<std::pair<size_t, int32_t>> swap_hot_experts(std::span<const double>
   return swaps;
 }
 
-const gguf::TensorInfo& Session::expert_slab_source(int layer, int i) const {
-  const gguf::TensorInfo* t = file_.find_tensor(expert_tensor(layer, kSlabs[i]));
-  TANDEM_CHECK_ARG(t != nullptr, "hot experts",
-                   "missing tensor '" + expert_tensor(layer, kSlabs[i]) + "'");
-  return *t;
-}
-
-size_t Session::expert_bytes(int layer, int i) const {
-  const gguf::TensorInfo& t = expert_slab_source(layer, i);
-  return t.bytes / size_t(t.ne[2]);
-}
-
-void Session::copy_hot_expert(HotLayer& h, size_t slot) const {
-  for (int i = 0; i < 3; ++i) {
-    const gguf::TensorInfo& t = expert_slab_source(h.set.layer, i);
-    const size_t per_expert = t.bytes / size_t(t.ne[2]);
-    std::memcpy(h.slab[i].data() + slot * per_expert,
-                t.data + size_t(h.set.experts[slot]) * per_expert, per_expert);
-  }
-}
-
 Session::HotLayer Session::make_hot_layer(int layer, std::vector<int32_t> experts, double share) {
   HotLayer h;
   h.set.layer = layer;
   h.set.share = share;
   std::sort(experts.begin(), experts.end());
-  h.set.experts = std::move(experts);
+  h.set.experts.assign(experts.size(), -1);
   h.hot_map.assign(size_t(config_.n_expert), -1);
   h.cold_map.resize(size_t(config_.n_expert));
   std::iota(h.cold_map.begin(), h.cold_map.end(), 0);
-  for (size_t slot = 0; slot < h.set.experts.size(); ++slot) {
-    h.hot_map[size_t(h.set.experts[slot])] = int32_t(slot);
-    h.cold_map[size_t(h.set.experts[slot])] = -1;
+  for (int i = 0; i < 3; ++i) {
+    const gguf::TensorInfo* t = file_.find_tensor(expert_tensor(layer, kSlabs[i]));
+    TANDEM_CHECK_ARG(t != nullptr, "hot experts",
+                     "missing tensor '" + expert_tensor(layer, kSlabs[i]) + "'");
+    h.source[i] = t;
+    h.slab[i].resize(t->bytes / size_t(t->ne[2]) * experts.size());
   }
-  for (int i = 0; i < 3; ++i) h.slab[i].resize(expert_bytes(layer, i) * h.set.experts.size());
-  for (size_t slot = 0; slot < h.set.experts.size(); ++slot) copy_hot_expert(h, slot);
+  for (size_t slot = 0; slot < experts.size(); ++slot) put_hot_expert(h, slot, experts[slot]);
   return h;
 }
 
-void Session::swap_hot_expert(HotLayer& h, size_t slot, int32_t e) {
-  const int32_t old = h.set.experts[slot];
-  h.hot_map[size_t(old)] = -1;
-  h.cold_map[size_t(old)] = old;
+void Session::put_hot_expert(HotLayer& h, size_t slot, int32_t e) {
+  if (const int32_t old = h.set.experts[slot]; old >= 0) {
+    h.hot_map[size_t(old)] = -1;
+    h.cold_map[size_t(old)] = old;
+  }
   h.hot_map[size_t(e)] = int32_t(slot);
   h.cold_map[size_t(e)] = -1;
   h.set.experts[slot] = e;
-  copy_hot_expert(h, slot);
   for (int i = 0; i < 3; ++i) {
     const size_t per_expert = h.slab[i].size() / h.set.experts.size();
-    executor_->refresh_weight(hot_expert_name(h.set.layer, kSlabs[i]), slot * per_expert,
-                              per_expert);
+    std::memcpy(h.slab[i].data() + slot * per_expert, h.source[i]->data + size_t(e) * per_expert,
+                per_expert);
+  }
+}
+
+void Session::swap_hot_experts_in(HotLayer& h, std::span<const std::pair<size_t, int32_t>> swaps) {
+  if (swaps.empty()) return;
+  for (const auto& [slot, e] : swaps) {
+    put_hot_expert(h, slot, e);
+    for (int i = 0; i < 3; ++i) {
+      const size_t per_expert = h.slab[i].size() / h.set.experts.size();
+      executor_->refresh_weight(hot_expert_name(h.set.layer, kSlabs[i]), slot * per_expert,
+                                per_expert);
+    }
   }
   for (const char* map : {"hot_map", "cold_map"}) {
     executor_->refresh_weight(hot_expert_name(h.set.layer, map), 0,
                               size_t(config_.n_expert) * sizeof(int32_t));
   }
+  hot_changes_ += int64_t(swaps.size());
 }
 
 void Session::retire_graphs(int64_t max_tokens) {
@@ -252,10 +246,7 @@ void Session::review_hot_experts() {
       const auto it = std::find(hot_count_layers_.begin(), hot_count_layers_.end(), h.set.layer);
       if (it == hot_count_layers_.end()) continue;
       const std::vector<double>& counts = hot_counts_[size_t(it - hot_count_layers_.begin())];
-      for (const auto& [slot, e] : swap_hot_experts(counts, h.set.experts, kHotSwapSigmas)) {
-        swap_hot_expert(h, slot, e);
-        ++hot_changes_;
-      }
+      swap_hot_experts_in(h, swap_hot_experts(counts, h.set.experts, kHotSwapSigmas));
       if (const double now = hot_share(counts, h.set.experts);
           std::abs(now - h.set.share) > kHotMargin) {
         h.set.share = now;
