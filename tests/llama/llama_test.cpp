@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../temp_dir.h"
+#include "logits_nmse.h"
 #include "tandem/error.h"
 #include "tandem/model/synthetic.h"
 #include "tandem/registry.h"
@@ -19,15 +20,7 @@
 namespace tandem {
 namespace {
 
-double nmse(std::span<const float> ref, std::span<const float> got) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    num += (double(ref[i]) - got[i]) * (double(ref[i]) - got[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return num / den;
-}
+using test::nmse;
 
 std::string model_path(DType dtype) {
   static std::map<DType, std::string> paths;

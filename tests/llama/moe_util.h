@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../temp_dir.h"
+#include "logits_nmse.h"
 #include "tandem/model/llama_graph.h"
 #include "tandem/model/synthetic.h"
 #include "tandem/runtime.h"
@@ -18,15 +19,7 @@
 
 namespace tandem::moe_test {
 
-inline double nmse(std::span<const float> ref, std::span<const float> got) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    num += (double(ref[i]) - got[i]) * (double(ref[i]) - got[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return num / den;
-}
+using test::nmse;
 
 inline SessionOptions options(const std::string& path, const std::string& strategy,
                               std::vector<TensorPin> pins = {}) {
