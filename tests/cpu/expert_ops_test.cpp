@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -19,6 +21,73 @@ namespace {
 
 constexpr double kMatMul = 5e-4;
 
+// Random values in [-1, 1] in d's dtype, row by row at its strides.
+std::vector<uint8_t> random_values(const TensorDesc& d, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(d.elements()));
+  for (float& f : v) f = dist(rng);
+  std::vector<uint8_t> bytes(d.bytes());
+  for (int64_t r = 0; r < d.rows(); ++r) {
+    from_f32(d.dtype, v.data() + r * d.ne[0], bytes.data() + r * d.nb[1], d.ne[0]);
+  }
+  return bytes;
+}
+
+// The bytes of a vector of i32.
+std::vector<uint8_t> i32_bytes(const std::vector<int32_t>& v) {
+  std::vector<uint8_t> bytes(v.size() * sizeof(int32_t));
+  std::memcpy(bytes.data(), v.data(), bytes.size());
+  return bytes;
+}
+
+// A token's five expert nodes (gate, up, their SwiGLU s, down, the MoeCombine out) over the
+// leaves' bytes in `data` (by tensor id), run three ways into outputs of their own (0xff bytes
+// at first; in place, s over gate and out over down): as one segment (the CPU groups them 3 +
+// 2), node by node, and by the reference. `apart` then gets the ctx and a copy of the
+// executions, to check what ends a group. Every output in memory of its own must have the same
+// bits grouped as alone and be near the reference's. Returns the grouped outputs.
+using ExpertNodes = std::array<TensorId, 5>;
+std::vector<std::vector<uint8_t>> expect_groups_match(
+    CpuBackend& cpu, const Graph& g, const ExpertNodes& nodes,
+    const std::vector<std::vector<uint8_t>>& data, bool in_place,
+    const std::function<void(const OpContext&, std::vector<NodeExecution>)>& apart) {
+  const auto [gate, up, s, down, out] = nodes;
+  auto run = [&](int how) {  // 0: segment, 1: node by node, 2: reference
+    std::vector<std::vector<uint8_t>> outs;
+    for (TensorId y : nodes) outs.emplace_back(g.tensor(y).bytes(), uint8_t(0xff));
+    auto home = [&](TensorId t) -> void* {
+      if (in_place && t == s) t = gate;
+      if (in_place && t == out) t = down;
+      for (size_t i = 0; i < nodes.size(); ++i)
+        if (nodes[i] == t) return outs[i].data();
+      return const_cast<uint8_t*>(data[size_t(t)].data());
+    };
+    std::vector<NodeExecution> execs;
+    for (TensorId y : nodes) execs.push_back(execution_of(g, g.node(y), home));
+    const OpContext ctx{cpu.pool(), kernels_for(cpu.isa())};
+    EXPECT_EQ(expert_group_size(ctx, execs), 3u);
+    EXPECT_EQ(expert_group_size(ctx, std::span(execs).subspan(3)), 2u);
+    if (how == 0) {
+      cpu.execute_segment(g, execs, 0);
+    } else {
+      for (const NodeExecution& e : execs) {
+        if (how == 1) cpu.execute(g, e);
+        if (how == 2) reference_execute(g, e);
+      }
+    }
+    apart(ctx, execs);
+    return outs;
+  };
+  const auto grouped = run(0), alone = run(1), ref = run(2);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (in_place && (nodes[i] == s || nodes[i] == out)) continue;  // not its own memory
+    SCOPED_TRACE("node " + std::to_string(i));
+    EXPECT_EQ(grouped[i], alone[i]);
+    EXPECT_LE(nmse_f32(ref[i], grouped[i]), kMatMul);
+  }
+  return grouped;
+}
+
 // A token's expert products run as groups: gate, up and their SwiGLU as one pool job, down and
 // the MoeCombine of its products as another. Every output (the products' too) must have the
 // bits of the nodes run alone and match the reference, also where the SwiGLU or the combine
@@ -27,7 +96,6 @@ TEST(CpuOpsGroup, OneTokenExpertsMatchOneByOne) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   constexpr int64_t H = 320, F = 64, kExperts = 6, kUsed = 3;  // down: three row items
   for (DType dt : {DType::Q4_0, DType::Q8_0})
     for (int threads : {1, 3})
@@ -47,82 +115,24 @@ TEST(CpuOpsGroup, OneTokenExpertsMatchOneByOne) {
         const TensorId down = g.expert_matmul(wd, s, ids);
         const TensorId out = g.moe_combine(down, weights);
         std::vector<std::vector<uint8_t>> data(size_t(out) + 1);
-        for (TensorId t : {x, weights, wg, wu, wd}) {
-          const TensorDesc& d = g.tensor(t);
-          std::vector<float> v(static_cast<size_t>(d.elements()));
-          for (float& f : v) f = dist(rng);
-          data[size_t(t)].resize(d.bytes());
-          for (int64_t r = 0; r < d.rows(); ++r)
-            from_f32(d.dtype, v.data() + r * d.ne[0], data[size_t(t)].data() + r * d.nb[1],
-                     d.ne[0]);
-        }
-        const int32_t chosen[kUsed] = {4, 0, 4};  // a repeat: ExpertMatMul allows one
-        data[size_t(ids)].resize(sizeof chosen);
-        std::memcpy(data[size_t(ids)].data(), chosen, sizeof chosen);
-        const TensorId nodes[] = {gate, up, s, down, out};
-        // Each run: its own outputs; in place, s is written over gate and out over down.
-        auto run = [&](int how) {  // 0: segment, 1: node by node, 2: reference
-          std::vector<std::vector<uint8_t>> outs;
-          for (TensorId y : nodes) outs.emplace_back(g.tensor(y).bytes());
-          auto home = [&](TensorId t) -> void* {
-            if (in_place && t == s) t = gate;
-            if (in_place && t == out) t = down;
-            for (size_t i = 0; i < std::size(nodes); ++i)
-              if (nodes[i] == t) return outs[i].data();
-            return data[size_t(t)].data();
-          };
-          std::vector<NodeExecution> execs;
-          for (TensorId y : nodes) execs.push_back(execution_of(g, g.node(y), home));
-          const OpContext ctx{cpu.pool(), kernels_for(cpu.isa())};
-          EXPECT_EQ(expert_group_size(ctx, execs), 3u);
-          EXPECT_EQ(expert_group_size(ctx, std::span(execs).subspan(3)), 2u);
-          if (how == 0) {
-            cpu.execute_segment(g, execs, 0);
-          } else {
-            for (const NodeExecution& e : execs) {
-              if (how == 1) cpu.execute(g, e);
-              if (how == 2) reference_execute(g, e);
-            }
-          }
-          // Other ids or another column for up: gate runs alone.
-          std::vector<uint8_t> other(data[size_t(ids)]);
-          execs[1].inputs[2].data = other.data();
-          EXPECT_EQ(expert_group_size(ctx, execs), 1u);
-          execs[1].inputs[2].data = execs[0].inputs[2].data;
-          execs[1].inputs[1].data = data[size_t(weights)].data();
-          EXPECT_EQ(expert_group_size(ctx, execs), 1u);
-          // The combine's output partly inside the products: down runs alone.
-          execs[4].output.data = outs[3].data() + sizeof(float);
-          EXPECT_EQ(expert_group_size(ctx, std::span(execs).subspan(3)), 1u);
-          return outs;
-        };
-        const auto grouped = run(0), alone = run(1), ref = run(2);
-        for (size_t i = 0; i < std::size(nodes); ++i) {
-          if (in_place && (nodes[i] == s || nodes[i] == out)) continue;  // not its own memory
-          SCOPED_TRACE("node " + std::to_string(i));
-          EXPECT_EQ(grouped[i], alone[i]);
-          EXPECT_LE(nmse_f32(ref[i], grouped[i]), kMatMul);
-        }
+        for (TensorId t : {x, weights, wg, wu, wd})
+          data[size_t(t)] = random_values(g.tensor(t), rng);
+        data[size_t(ids)] = i32_bytes({4, 0, 4});  // a repeat: ExpertMatMul allows one
+        expect_groups_match(
+            cpu, g, {gate, up, s, down, out}, data, in_place,
+            [&](const OpContext& ctx, std::vector<NodeExecution> execs) {
+              // Other ids or another column for up: gate runs alone.
+              std::vector<uint8_t> other(data[size_t(ids)]);
+              execs[1].inputs[2].data = other.data();
+              EXPECT_EQ(expert_group_size(ctx, execs), 1u);
+              execs[1].inputs[2].data = execs[0].inputs[2].data;
+              execs[1].inputs[1].data = const_cast<uint8_t*>(data[size_t(weights)].data());
+              EXPECT_EQ(expert_group_size(ctx, execs), 1u);
+              // The combine's output partly inside the products: down runs alone.
+              execs[4].output.data = static_cast<uint8_t*>(execs[3].output.data) + sizeof(float);
+              EXPECT_EQ(expert_group_size(ctx, std::span(execs).subspan(3)), 1u);
+            });
       }
-}
-
-// Random values in [-1, 1] in d's dtype, row by row at its strides.
-std::vector<uint8_t> random_values(const TensorDesc& d, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(d.elements()));
-  for (float& f : v) f = dist(rng);
-  std::vector<uint8_t> bytes(d.bytes());
-  for (int64_t r = 0; r < d.rows(); ++r) {
-    from_f32(d.dtype, v.data() + r * d.ne[0], bytes.data() + r * d.nb[1], d.ne[0]);
-  }
-  return bytes;
-}
-
-// The bytes of a vector of i32.
-std::vector<uint8_t> i32_bytes(const std::vector<int32_t>& v) {
-  std::vector<uint8_t> bytes(v.size() * sizeof(int32_t));
-  std::memcpy(bytes.data(), v.data(), bytes.size());
-  return bytes;
 }
 
 // ExpertMatMul through a map (router expert -> slot of a, negative: skipped) on every CPU path:
@@ -238,51 +248,25 @@ TEST(CpuOpsGroup, MappedOneTokenExpertsMatchOneByOne) {
           data[size_t(t)] = random_values(g.tensor(t), rng);
         data[size_t(ids)] = i32_bytes(chosen);
         data[size_t(m)] = i32_bytes(map);
-        const TensorId nodes[] = {gate, up, s, down, out};
-        // Each run: its own outputs, NaN at first; in place, s over gate and out over down.
-        auto run = [&](int how) {  // 0: segment, 1: node by node, 2: reference
-          std::vector<std::vector<uint8_t>> outs;
-          for (TensorId y : nodes) outs.emplace_back(g.tensor(y).bytes(), uint8_t(0xff));
-          auto home = [&](TensorId t) -> void* {
-            if (in_place && t == s) t = gate;
-            if (in_place && t == out) t = down;
-            for (size_t i = 0; i < std::size(nodes); ++i)
-              if (nodes[i] == t) return outs[i].data();
-            return data[size_t(t)].data();
-          };
-          std::vector<NodeExecution> execs;
-          for (TensorId y : nodes) execs.push_back(execution_of(g, g.node(y), home));
-          const OpContext ctx{cpu.pool(), kernels_for(cpu.isa())};
-          EXPECT_EQ(expert_group_size(ctx, execs), 3u);
-          EXPECT_EQ(expert_group_size(ctx, std::span(execs).subspan(3)), 2u);
-          if (how == 0) {
-            cpu.execute_segment(g, execs, 0);
-          } else {
-            for (const NodeExecution& e : execs) {
-              if (how == 1) cpu.execute(g, e);
-              if (how == 2) reference_execute(g, e);
-            }
-          }
-          // Up through a copy of the map, or through none: gate runs alone.
-          std::vector<uint8_t> other(data[size_t(m)]);
-          std::vector<NodeExecution> apart(execs);
-          apart[1].inputs[3].data = other.data();
-          EXPECT_EQ(expert_group_size(ctx, apart), 1u);
-          apart[1].inputs.pop_back();
-          EXPECT_EQ(expert_group_size(ctx, apart), 1u);
-          // The combine's output over the map: down runs alone.
-          apart = execs;
-          apart[4].output.data = data[size_t(m)].data();
-          EXPECT_EQ(expert_group_size(ctx, std::span(apart).subspan(3)), 1u);
-          return outs;
-        };
-        const auto grouped = run(0), alone = run(1), ref = run(2);
-        for (size_t i = 0; i < std::size(nodes); ++i) {
-          if (in_place && (nodes[i] == s || nodes[i] == out)) continue;  // not its own memory
+        const ExpertNodes nodes = {gate, up, s, down, out};
+        const auto grouped = expect_groups_match(
+            cpu, g, nodes, data, in_place,
+            [&](const OpContext& ctx, std::vector<NodeExecution> execs) {
+              // Up through a copy of the map, or through none: gate runs alone.
+              std::vector<uint8_t> other(data[size_t(m)]);
+              std::vector<NodeExecution> apart(execs);
+              apart[1].inputs[3].data = other.data();
+              EXPECT_EQ(expert_group_size(ctx, apart), 1u);
+              apart[1].inputs.pop_back();
+              EXPECT_EQ(expert_group_size(ctx, apart), 1u);
+              // The combine's output over the map: down runs alone.
+              execs[4].output.data = const_cast<uint8_t*>(data[size_t(m)].data());
+              EXPECT_EQ(expert_group_size(ctx, std::span(execs).subspan(3)), 1u);
+            });
+        // The skipped choice's columns are zeros (the combine's output has no columns).
+        for (size_t i = 0; i + 1 < nodes.size(); ++i) {
+          if (in_place && nodes[i] == s) continue;  // not its own memory
           SCOPED_TRACE("node " + std::to_string(i));
-          EXPECT_EQ(grouped[i], alone[i]);
-          EXPECT_LE(nmse_f32(ref[i], grouped[i]), kMatMul);
-          if (nodes[i] == out) continue;
           const auto* column = reinterpret_cast<const float*>(grouped[i].data()) +
                                g.tensor(nodes[i]).ne[0];  // choice 1's
           for (int64_t r = 0; r < g.tensor(nodes[i]).ne[0]; ++r) ASSERT_EQ(column[r], 0.0f) << r;
