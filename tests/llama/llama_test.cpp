@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "../temp_dir.h"
-#include "logits_nmse.h"
+#include "llama_util.h"
 #include "tandem/error.h"
 #include "tandem/model/synthetic.h"
 #include "tandem/registry.h"
@@ -45,13 +45,7 @@ std::vector<int32_t> random_tokens(int n, int64_t n_vocab) {
 
 std::vector<float> all_logits(const std::string& path, const std::string& strategy,
                               std::span<const int32_t> tokens, std::vector<TensorPin> pins = {}) {
-  SessionOptions o;
-  o.model_path = path;
-  o.strategy = strategy;
-  o.n_ctx = 64;
-  o.kv_dtype = DType::F32;
-  o.pins = std::move(pins);
-  Session e(o);
+  Session e(test::options(path, strategy, std::move(pins)));
   auto l = e.eval(tokens, true);
   return {l.begin(), l.end()};
 }

@@ -1,5 +1,5 @@
-// What the mixture-of-experts tests share: the NMSE of logits, a session's options over a
-// synthetic file, a host beside a fake GPU, and a model whose experts are most of its bytes.
+// What the mixture-of-experts tests share (beside llama_util.h's NMSE of logits and options): a
+// host beside a fake GPU, and a model whose experts are most of its bytes.
 #pragma once
 
 #include <cmath>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "../temp_dir.h"
-#include "logits_nmse.h"
+#include "llama_util.h"
 #include "tandem/model/llama_graph.h"
 #include "tandem/model/synthetic.h"
 #include "tandem/runtime.h"
@@ -20,17 +20,7 @@
 namespace tandem::moe_test {
 
 using test::nmse;
-
-inline SessionOptions options(const std::string& path, const std::string& strategy,
-                              std::vector<TensorPin> pins = {}) {
-  SessionOptions o;
-  o.model_path = path;
-  o.strategy = strategy;
-  o.n_ctx = 64;
-  o.kv_dtype = DType::F32;
-  o.pins = std::move(pins);
-  return o;
-}
+using test::options;
 
 // A host backend and a "GPU" whose memory the executor cannot touch, the host named "host" so
 // that nothing can pass by spelling "cpu".
