@@ -634,6 +634,53 @@ TEST(CudaOps, FusedAddRmsNormAndRopeKvWrite) {
   }
 }
 
+// A residual Add (or none), the RmsNorm of its sum and the one-column products of the norm's
+// output (Q, K, V; gate, up): one launch of the staged kernel, which makes b itself and writes
+// the sum and the normed vector too. Two columns: the Add with its norm, then the products.
+TEST(CudaOps, FusedAddRmsNormIntoMatvecs) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType d : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+    for (int64_t dim : {2048, 4096}) {
+      for (bool with_add : {true, false}) {
+        for (int64_t t : {1, 2}) {
+          Graph g;
+          TensorId x = g.input("x", DType::F32, {dim, t});
+          TensorId r = g.input("r", DType::F32, {dim, t});
+          TensorId s = with_add ? g.add(x, r) : x;
+          if (with_add) g.mark_output(s);
+          TensorId h = g.rms_norm(s, g.weight("w", DType::F32, {dim}), 1e-5f);
+          g.mark_output(h);
+          const int parts = with_add ? 3 : 2;  // Q, K, V or gate, up
+          for (int p = 0; p < parts; ++p) {
+            const int64_t rows = p == 0 ? 512 : with_add ? 128 : 512;
+            g.mark_output(g.matmul(g.weight("w" + std::to_string(p), d, {dim, rows}), h));
+          }
+          const std::string what = "add + rms_norm + matvecs " + std::string(dtype_name(d)) +
+                                   " dim=" + std::to_string(dim) + (with_add ? " add" : "") +
+                                   " t=" + std::to_string(t);
+          const auto before = backend->graph_stats();
+          const Comparison fused = compare_with_reference(g, *backend, {}, /*as_segment=*/true);
+          const auto after = backend->graph_stats();
+          const int64_t nodes = parts + 1 + with_add;
+          EXPECT_EQ(after.fused_launches - before.fused_launches, t == 1 || !with_add ? 1 : 2)
+              << what;
+          EXPECT_EQ(after.fused_nodes - before.fused_nodes, t == 1 || with_add ? nodes : parts)
+              << what;
+          ASSERT_EQ(fused.nmse.size(), size_t(nodes));
+          for (size_t i = 0; i < size_t(nodes - parts); ++i) {
+            EXPECT_LE(fused.nmse[i], kExact) << what << ": output " << i;
+          }
+          for (size_t i = size_t(nodes - parts); i < size_t(nodes); ++i) {
+            EXPECT_LE(fused.nmse[i], kMatmul) << what << ": output " << i;
+          }
+          expect_close(compare_with_reference(g, *backend, {}, /*as_segment=*/false), kMatmul,
+                       what);
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaOps, TransformerBlockAsOneSegment) {
   TANDEM_REQUIRE_GPU(backend);
   // A small decode block with every op family, run as one captured segment twice.

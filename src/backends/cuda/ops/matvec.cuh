@@ -66,7 +66,18 @@ size_t count_same_b(std::span<const NodeExecution> segment, size_t most, Fits fi
 // The staged kernel for one node, or for up to kMaxParts that share b (one part each), when the
 // layout allows it; false leaves them to the generic kernel (strided or unaligned weights, K not a
 // multiple of 256, too little shared memory).
-bool launch_staged_matvec(const OpContext& ctx, std::span<const NodeExecution> execs);
+// With norm (one column, decode), b is made by the kernel from the residual stream, as the Add and
+// RmsNorm before the products would write it (run_fused_norm_matvecs), and written out too.
+struct NormedB {
+  const float* a;  // the Add's first input, or the norm's input without an Add
+  const float* r;  // the Add's second input; nullptr: no Add
+  const float* w;  // the norm's weight; nullptr: none
+  float* sum;      // the Add's output (written with r)
+  float* out;      // the norm's output: the products' b
+  float eps;
+};
+bool launch_staged_matvec(const OpContext& ctx, std::span<const NodeExecution> execs,
+                          const NormedB* norm = nullptr);
 
 // Two 16-bit loads: quants follow the 2-byte scale, so they are only 2-byte aligned.
 __device__ __forceinline__ int load_int_b2(const uint8_t* p) {

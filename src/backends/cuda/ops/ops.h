@@ -77,8 +77,9 @@ void run_op(const OpContext& ctx, const NodeExecution& e);
 // output its nodes have, with the arithmetic of the separate kernels, so a fusion needs no
 // knowledge of the outputs' other readers. The patterns (docs/cuda.md):
 enum class Fusion : uint8_t { None, Matvec, All };
-// Most nodes one fused launch takes (two RoPE and two KV writes): CudaBackend::fused_nodes().
-constexpr size_t kMaxFusedNodes = 4;
+// Most nodes one fused launch takes (an Add, its RmsNorm and Q, K and V):
+// CudaBackend::fused_nodes().
+constexpr size_t kMaxFusedNodes = 5;
 size_t run_fused(const OpContext& ctx, std::span<const NodeExecution> segment,
                  Fusion fusion = Fusion::All);
 // - matrix-vector products of the same b (Q, K and V; gate and up): one launch, one
@@ -87,6 +88,9 @@ size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> se
 // - f16/bf16 matrix-vector products of the same b (Q, K and V): one launch; gate and up followed
 //   by the SwiGlu of their outputs: one launch that writes all three (matmul.cu);
 size_t run_fused_half_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment);
+// - a residual Add (or none), the RmsNorm of its sum and up to three one-column products of the
+//   norm's output: one launch of the staged kernel, which makes b itself (quantized_matmul.cu);
+size_t run_fused_norm_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - a residual Add and the RmsNorm of its sum (norm.cu);
 size_t run_fused_add_rms_norm(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - gate and up ExpertMatMul of one b, one set of ids and one map or none (quantized weights,

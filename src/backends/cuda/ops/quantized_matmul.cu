@@ -355,4 +355,52 @@ size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> se
   return n;
 }
 
+size_t run_fused_norm_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment) {
+  // [Add,] RmsNorm, then products of its output (one column): the staged kernel makes b itself.
+  const size_t at = !segment.empty() && segment[0].node->op == OpKind::Add ? 1 : 0;
+  if (segment.size() < at + 2 || segment[at].node->op != OpKind::RmsNorm) return 0;
+  const NodeExecution& norm = segment[at];
+  const TensorDesc& x = *norm.inputs[0].desc;
+  const int64_t K = x.ne[0];
+  // One contiguous f32 row of K, 16-byte aligned (read and written as float4).
+  auto row = [&](const TensorRef& t) {
+    return t.desc->dtype == DType::F32 && t.desc->is_contiguous() && t.desc->elements() == K &&
+           reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+  };
+  auto apart = [&](const TensorRef& p, const TensorRef& q) {
+    const auto *a = static_cast<const uint8_t*>(p.data), *b = static_cast<const uint8_t*>(q.data);
+    return a + K * 4 <= b || b + K * 4 <= a;
+  };
+  if (x.rows() != 1 || !row(norm.inputs[0]) || !row(norm.output) ||
+      (norm.inputs.size() > 1 && !row(norm.inputs[1])) || norm.inputs.size() > 2) {
+    return 0;
+  }
+  NormedB in{static_cast<const float*>(norm.inputs[0].data),
+             nullptr,
+             norm.inputs.size() > 1 ? static_cast<const float*>(norm.inputs[1].data) : nullptr,
+             nullptr,
+             static_cast<float*>(norm.output.data),
+             norm.node->params.eps};
+  if (at == 1) {
+    // The Add's sum is written by one CTA while the others read its inputs: apart from them.
+    const NodeExecution& add = segment[0];
+    if (add.inputs.size() != 2 || !row(add.inputs[0]) || !row(add.inputs[1]) || !row(add.output) ||
+        norm.inputs[0].data != add.output.data || !apart(add.output, add.inputs[0]) ||
+        !apart(add.output, add.inputs[1])) {
+      return 0;
+    }
+    in.a = static_cast<const float*>(add.inputs[0].data);
+    in.r = static_cast<const float*>(add.inputs[1].data);
+    in.sum = static_cast<float*>(add.output.data);
+  }
+  auto is_matvec = [&](const NodeExecution& e) {
+    return e.node->op == OpKind::QuantizedMatMul && e.inputs[1].data == norm.output.data &&
+           e.inputs[1].desc->ne[1] == 1 && int8_activations(e.inputs[0].desc->ne[1], 1);
+  };
+  const std::span<const NodeExecution> products = segment.subspan(at + 1);
+  const size_t n = count_same_b(products, kMaxParts, is_matvec);
+  if (n == 0 || !launch_staged_matvec(ctx, products.first(n), &in)) return 0;
+  return at + 1 + n;
+}
+
 }  // namespace tandem::cuda

@@ -5,14 +5,16 @@
 namespace tandem::cuda {
 
 // The K-quants' instances (staged_matvec_k.cu).
-bool launch_staged_k_quant_matvec(const OpContext& ctx, std::span<const NodeExecution> execs);
+bool launch_staged_k_quant_matvec(const OpContext& ctx, std::span<const NodeExecution> execs,
+                                  const NormedB* norm);
 
-bool launch_staged_matvec(const OpContext& ctx, std::span<const NodeExecution> execs) {
+bool launch_staged_matvec(const OpContext& ctx, std::span<const NodeExecution> execs,
+                          const NormedB* norm) {
   const DType dtype = execs.front().inputs[0].desc->dtype;
-  if (is_k_quant(dtype)) return launch_staged_k_quant_matvec(ctx, execs);
+  if (is_k_quant(dtype)) return launch_staged_k_quant_matvec(ctx, execs, norm);
   return with_columns(execs.front().inputs[1].desc->ne[1], [&](auto cols) {
-    return dtype == DType::Q4_0 ? staged::launch_staged<DType::Q4_0, cols()>(ctx, execs)
-                                : staged::launch_staged<DType::Q8_0, cols()>(ctx, execs);
+    return dtype == DType::Q4_0 ? staged::launch_staged<DType::Q4_0, cols()>(ctx, execs, norm)
+                                : staged::launch_staged<DType::Q8_0, cols()>(ctx, execs, norm);
   });
 }
 

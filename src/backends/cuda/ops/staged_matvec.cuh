@@ -26,6 +26,12 @@
 // one drains (kPairStages). Otherwise one CTA per SM runs a deeper ring (kSoloStages), or for
 // Q5_K and Q6_K a ring of larger tiles (kWideStages).
 //
+// With kNorm (one column) b is not read but made: every CTA loads the residual Add's two inputs,
+// sums them, reduces their squares over the CTA and scales them by the RmsNorm's factor and
+// weight before quantizing, and CTA 0 writes the sum and the normed vector (the two nodes'
+// outputs). That takes the Add and norm kernel off the path between two products (1B Q4_0 tg128
+// 1,154-1,195 -> 1,233-1,270 t/s, 8B unchanged; H100, bench/NOTES.md).
+//
 // The kernel and its launch are templates here; staged_matvec.cu instantiates them for Q4_0 and
 // Q8_0, staged_matvec_k.cu for the K-quants (two units that compile side by side).
 #pragma once
@@ -273,7 +279,9 @@ __device__ __forceinline__ int part_of(const MatvecParts& parts, int r) {
 }
 
 // Row split: CTA c of G takes rows_q + (c < rows_r) rows (rows_q = M / G, rows_r = M % G).
-template <DType kType, int kCols, int kStages, bool kRegB, int kEarly>
+// kNorm (one column): b is the RmsNorm of the residual stream, made here from the Add's inputs
+// (NormedB) instead of read from the norm's output.
+template <DType kType, int kCols, int kStages, bool kRegB, int kEarly, bool kNorm = false>
 __global__ __launch_bounds__(
     kStagedThreads,
     kStagedLaunchBlocks<kType, kCols, kStages>) void staged_matvec_kernel(MatvecParts parts,
@@ -288,7 +296,8 @@ __global__ __launch_bounds__(
                                                                           uint32_t off_scale,
                                                                           uint32_t off_stages,
                                                                           uint32_t off_reduce,
-                                                                          const float* b) {
+                                                                          const float* b,
+                                                                          NormedB norm) {
   using F = GroupFormat<kType>;
   constexpr bool kQ4 = kType == DType::Q4_0;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -306,12 +315,22 @@ __global__ __launch_bounds__(
   const int64_t a_batch = (i2 / a_div2) * a_stride2 + (i3 / a_div3) * a_stride3;
   b += z * kCols * K;
 
-  // Pull b into the L2 before the weight copies queue up; each CTA takes a share of its lines.
+  // Pull b (or what it is made of) into the L2 before the weight copies queue up; each CTA
+  // takes a share of its lines.
   {
-    const auto* bl = reinterpret_cast<const uint8_t*>(b);
-    const int lines = int((kCols * K * int64_t(sizeof(float)) + 127) / 128);
-    for (int i = int(blockIdx.x) * threads + tid; i < lines; i += int(gridDim.x) * threads) {
-      prefetch_l2(bl + int64_t(i) * 128);
+    auto pull = [&](const float* v) {
+      const auto* bl = reinterpret_cast<const uint8_t*>(v);
+      const int lines = int((kCols * K * int64_t(sizeof(float)) + 127) / 128);
+      for (int i = int(blockIdx.x) * threads + tid; i < lines; i += int(gridDim.x) * threads) {
+        prefetch_l2(bl + int64_t(i) * 128);
+      }
+    };
+    if constexpr (kNorm) {
+      pull(norm.a);
+      if (norm.r) pull(norm.r);
+      if (norm.w) pull(norm.w);
+    } else {
+      pull(b);
     }
   }
 
@@ -427,7 +446,60 @@ __global__ __launch_bounds__(
     if (t0 < items) quantize(t0, x[0]);
     if (t0 + threads < items) quantize(t0 + threads, x[1]);
   };
-  if constexpr (kEarly < kStages - 1) {
+  if constexpr (kNorm) {
+    // Every item in registers at once (items <= 2 * threads, checked at launch): the sum of
+    // squares needs all of them before the first is quantized. x = a + r and y = x * inv * w,
+    // the Add's and the RmsNorm's arithmetic (binary_kernel, norm_kernel); CTA 0 writes both.
+    float4 x[2][4];
+    auto at = [](int t) { return int64_t(t / 2) * kQBlock + 16 * (t % 2); };  // item t's first
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int t = tid + u * threads;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        x[u][i] = t < items ? __ldcg(reinterpret_cast<const float4*>(norm.a + at(t)) + i) : zero;
+        if (norm.r && t < items) {
+          const float4 r = __ldcg(reinterpret_cast<const float4*>(norm.r + at(t)) + i);
+          x[u][i] = make_float4(x[u][i].x + r.x, x[u][i].y + r.y, x[u][i].z + r.z, x[u][i].w + r.w);
+        }
+      }
+    }
+#pragma unroll
+    for (int s = kEarly; s < kStages - 1; ++s) issue();
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        ss += x[u][i].x * x[u][i].x;
+        ss += x[u][i].y * x[u][i].y;
+        ss += x[u][i].z * x[u][i].z;
+        ss += x[u][i].w * x[u][i].w;
+      }
+    }
+    // s_red is free until the first tile's partials, after the barrier below.
+    const float inv = rsqrtf(block_reduce<false>(ss, s_red) / float(K) + norm.eps);
+    const bool writer = blockIdx.x == 0;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int t = tid + u * threads;
+      if (t >= items) continue;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (writer && norm.r) reinterpret_cast<float4*>(norm.sum + at(t))[i] = x[u][i];
+        float4 y = make_float4(x[u][i].x * inv, x[u][i].y * inv, x[u][i].z * inv, x[u][i].w * inv);
+        if (norm.w) {
+          const float4 w = __ldg(reinterpret_cast<const float4*>(norm.w + at(t)) + i);
+          y = make_float4(y.x * w.x, y.y * w.y, y.z * w.z, y.w * w.w);
+        }
+        if (writer) reinterpret_cast<float4*>(norm.out + at(t))[i] = y;
+        x[u][i] = y;
+      }
+    }
+    quantize_items(tid, x);
+    t_next += 2 * threads;
+  } else if constexpr (kEarly < kStages - 1) {
     // The ring's other first tiles go out right after this thread's first loads of b, so they
     // queue behind b, not b behind them (Q4_0 14336x4096: 15.50 -> 15.37 us, H100).
     float4 x[2][4];
@@ -591,7 +663,8 @@ __global__ __launch_bounds__(
 // the layout allows it; false leaves them to the generic kernel (strided or unaligned weights, K
 // not a multiple of 256, too little shared memory).
 template <DType kType, int kCols>
-bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
+bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs,
+                   const NormedB* norm = nullptr) {
   const NodeExecution& first = execs.front();
   const TensorDesc& a0 = *first.inputs[0].desc;
   const TensorDesc& b = *first.inputs[1].desc;
@@ -636,23 +709,31 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs) {
                              parts.count, kAloneTargetBytes<kType, kCols>);
   }
   if (l.total > ctx.smem_optin) return false;
+  // b in registers: one column, and a thread's group of b the same in every tile.
+  const bool reg_b = kCols == 1 && l.rows > 1;
+  // A normed b: every item of it held by the CTA's threads at once (two each), b in registers.
+  if (norm && (kCols != 1 || !reg_b || b.ne[2] * b.ne[3] != 1 || K / 16 > 2 * int64_t(l.threads))) {
+    return false;
+  }
   auto launch = [&](auto kernel) {
     ctx.check(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)),
         "quantized_matmul", "cudaFuncSetAttribute");
-    ctx.check(launch_programmatic(ctx.stream, dim3(unsigned(ctas), unsigned(b.ne[2] * b.ne[3])),
-                                  dim3(unsigned(l.threads)), l.total, kernel, parts,
-                                  int64_t(a0.nb[2]), int64_t(a0.nb[3]), int(b.ne[2] / a0.ne[2]),
-                                  int(b.ne[3] / a0.ne[3]), int(b.ne[2]), int(M / ctas),
-                                  int(M % ctas), l.gpr, l.rows, l.stage_bytes, l.red_tiles,
-                                  uint32_t(l.b_scale), uint32_t(l.stages), uint32_t(l.reduce), bp),
-              "quantized_matmul", "launch");
+    ctx.check(
+        launch_programmatic(ctx.stream, dim3(unsigned(ctas), unsigned(b.ne[2] * b.ne[3])),
+                            dim3(unsigned(l.threads)), l.total, kernel, parts, int64_t(a0.nb[2]),
+                            int64_t(a0.nb[3]), int(b.ne[2] / a0.ne[2]), int(b.ne[3] / a0.ne[3]),
+                            int(b.ne[2]), int(M / ctas), int(M % ctas), l.gpr, l.rows,
+                            l.stage_bytes, l.red_tiles, uint32_t(l.b_scale), uint32_t(l.stages),
+                            uint32_t(l.reduce), bp, norm ? *norm : NormedB{}),
+        norm ? "rms_norm + quantized_matmul" : "quantized_matmul", "launch");
   };
-  // b in registers: one column, and a thread's group of b the same in every tile.
-  const bool reg_b = kCols == 1 && l.rows > 1;
   auto launch_ring = [&](auto stages, auto long_rows) {
     constexpr int kStages = decltype(stages)::value;
     constexpr int kEarly = kPreIssue<kType, kCols, kStages, decltype(long_rows)::value>;
+    if constexpr (kCols == 1) {
+      if (norm) return launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, true>);
+    }
     reg_b ? launch(staged_matvec_kernel<kType, kCols, kStages, kCols == 1, kEarly>)
           : launch(staged_matvec_kernel<kType, kCols, kStages, false, kEarly>);
   };

@@ -5,15 +5,16 @@
 
 namespace tandem::cuda {
 
-bool launch_staged_k_quant_matvec(const OpContext& ctx, std::span<const NodeExecution> execs) {
+bool launch_staged_k_quant_matvec(const OpContext& ctx, std::span<const NodeExecution> execs,
+                                  const NormedB* norm) {
   return with_columns(execs.front().inputs[1].desc->ne[1], [&](auto cols) {
     switch (execs.front().inputs[0].desc->dtype) {
       case DType::Q4_K:
-        return staged::launch_staged<DType::Q4_K, cols()>(ctx, execs);
+        return staged::launch_staged<DType::Q4_K, cols()>(ctx, execs, norm);
       case DType::Q5_K:
-        return staged::launch_staged<DType::Q5_K, cols()>(ctx, execs);
+        return staged::launch_staged<DType::Q5_K, cols()>(ctx, execs, norm);
       case DType::Q6_K:
-        return staged::launch_staged<DType::Q6_K, cols()>(ctx, execs);
+        return staged::launch_staged<DType::Q6_K, cols()>(ctx, execs, norm);
       default:
         return false;
     }
