@@ -211,6 +211,12 @@ void CudaBackend::copy_from_host(void* device_dst, const void* host_src, size_t 
                       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     return;
   }
+  if (bytes <= cuda::kInlineBytes) {
+    // A decode step's inputs: one launch, where staging took a copy, a launch and an event
+    // record (12 us of host time each on the H100 host, bench/NOTES.md).
+    TANDEM_CUDA_CHECK(state_, "copy_from_host", cuda::copy_inline(dst, src, bytes, stream_));
+    return;
+  }
   copy_through(staging_, stream_, dst, src, bytes, "copy_from_host");
 }
 

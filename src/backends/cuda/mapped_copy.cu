@@ -1,4 +1,5 @@
 #include <cstdint>
+#include <cstring>
 
 #include "mapped_copy.h"
 
@@ -21,6 +22,14 @@ __global__ void copy1_kernel(uint8_t* dst, const uint8_t* src, size_t n) {
        i += size_t(gridDim.x) * blockDim.x) {
     dst[i] = src[i];
   }
+}
+
+struct InlineBytes {
+  uint8_t b[kInlineBytes];
+};
+
+__global__ void inline_kernel(uint8_t* dst, const InlineBytes src, int n) {
+  for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) dst[i] = src.b[i];
 }
 
 // One block per (chunk, expert): the block copies its chunk where the expert is named in ids
@@ -127,6 +136,15 @@ cudaError_t copy_routed_experts_from_mapped_host(void* dst, const void* src, siz
     }
   }
   routed_experts_mark_kernel<<<1, 1024, 0, stream>>>(n_expert, ids, n_ids, used);
+  return cudaGetLastError();
+}
+
+cudaError_t copy_inline(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  if (bytes > kInlineBytes) return cudaErrorInvalidValue;
+  InlineBytes in{};
+  std::memcpy(in.b, src, bytes);
+  inline_kernel<<<1, 64, 0, stream>>>(static_cast<uint8_t*>(dst), in, int(bytes));
   return cudaGetLastError();
 }
 

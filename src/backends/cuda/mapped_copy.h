@@ -16,6 +16,12 @@ namespace tandem::cuda {
 cudaError_t copy_from_mapped_host(void* dst, const void* src, size_t bytes, int sm_count,
                                   cudaStream_t stream);
 
+// Up to kInlineBytes from any host memory into device memory, carried by the launch's own
+// parameters: no staging buffer to fill and guard with an event (a decode step's token id and
+// position, 4 bytes each). The host may reuse src at once. Asynchronous on `stream`.
+inline constexpr size_t kInlineBytes = 256;
+cudaError_t copy_inline(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+
 // The experts of a stacked expert tensor (n_expert of expert_bytes each; src page-locked host
 // memory) that `ids` (n_ids values in device memory) names and used[e] == 0 marks as not copied
 // yet; then sets used[e] to 0 (not named), 1 (named, copied before) or 2 (named, copied here).
