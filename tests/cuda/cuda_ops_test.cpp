@@ -220,6 +220,8 @@ TEST(CudaOps, FusedKQuantMatvecsShareOneQuantization) {
 
 // f32 / f16 / bf16 weights: 1 to 8 columns of b with K a multiple of 256 take the streaming
 // matrix-vector kernel (f32 b), the rest (K = 96, 9 columns) cuBLAS on tensor cores.
+// K of 4096 and more: two or four warps share a row (8704: two, an odd row count leaves a
+// block's second row empty).
 TEST(CudaOps, HalfMatMulMatvecAndTensorCorePaths) {
   TANDEM_REQUIRE_GPU(backend);
   for (DType d : {DType::F32, DType::F16, DType::BF16}) {
@@ -228,6 +230,8 @@ TEST(CudaOps, HalfMatMulMatvecAndTensorCorePaths) {
                            {4096, 1000, 3},
                            {2304, 77, 8},
                            {14336, 300, 1},
+                           {8192, 2048, 1},
+                           {8704, 131, 2},
                            {96, 50, 2},
                            {512, 200, 9}}) {
       Graph g;

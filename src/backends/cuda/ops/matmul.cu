@@ -66,10 +66,12 @@ __device__ __forceinline__ void weights8_to_f32(const uint4 (&w)[kVecs<kType>], 
   }
 }
 
-// acc[r][c] = this lane's share of row r (of kRows) times column c of b (columns K apart).
+// acc[r][c] = this lane's share of row r (of kRows, K weights from rows[r]) times column c of b
+// (K values from b + c * b_stride).
 template <DType kType, int kCols, int kRows>
 __device__ __forceinline__ void half_rows_dot(const uint4* const (&rows)[kRows], int64_t K,
-                                              const float* b, float (&acc)[kRows][kCols]) {
+                                              const float* b, int64_t b_stride,
+                                              float (&acc)[kRows][kCols]) {
   const int lane = threadIdx.x % 32;
   const int64_t chunks = K / kHalfChunk;
 #pragma unroll
@@ -98,8 +100,8 @@ __device__ __forceinline__ void half_rows_dot(const uint4* const (&rows)[kRows],
         weights8_to_f32<kType>(w[r][t], x);
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
-          const float4 b0 = *reinterpret_cast<const float4*>(b + c * K + k);
-          const float4 b1 = *reinterpret_cast<const float4*>(b + c * K + k + 4);
+          const float4 b0 = *reinterpret_cast<const float4*>(b + c * b_stride + k);
+          const float4 b1 = *reinterpret_cast<const float4*>(b + c * b_stride + k + 4);
           acc[r][c] += x[0] * b0.x + x[1] * b0.y + x[2] * b0.z + x[3] * b0.w + x[4] * b1.x +
                        x[5] * b1.y + x[6] * b1.z + x[7] * b1.w;
         }
@@ -121,18 +123,43 @@ struct HalfParts {
   int row_start[kMaxHalfParts + 1];
 };
 
-template <DType kType, int kCols>
-__global__ __launch_bounds__(kHalfWarps * 32) void half_matvec_kernel(
-    const __grid_constant__ HalfParts parts, int n_parts, int64_t K, const float* b) {
-  const int r = blockIdx.x * kHalfWarps + threadIdx.x / 32;
-  if (r >= parts.row_start[n_parts]) return;
+// kSplit warps share a row, each taking K / kSplit of it (long rows: the down projection's 8192
+// are four passes of kHalfSteps loads for one warp, each waiting for the last; split, each warp
+// has one pass in flight); they add their sums through shared memory in a fixed order.
+template <DType kType, int kCols, int kSplit>
+__global__ __launch_bounds__(kHalfWarps *
+                             32) void half_matvec_kernel(const __grid_constant__ HalfParts parts,
+                                                         int n_parts, int64_t K, const float* b) {
+  static_assert(kHalfWarps % kSplit == 0, "a block holds whole rows");
+  const int warp = threadIdx.x / 32, slice = warp % kSplit;
+  const int r = blockIdx.x * (kHalfWarps / kSplit) + warp / kSplit;
+  const bool live = r < parts.row_start[n_parts];
+  if (kSplit == 1 && !live) return;
   int p = 0;
 #pragma unroll
   for (int k = 1; k < kMaxHalfParts; ++k) p += k < n_parts && r >= parts.row_start[k];
   const int row = r - parts.row_start[p], M = parts.row_start[p + 1] - parts.row_start[p];
-  const uint4* const rows[1] = {reinterpret_cast<const uint4*>(parts.a[p] + row * parts.row_stride[p])};
+  const int64_t part_k = K / kSplit;
   float acc[1][kCols];
-  half_rows_dot<kType, kCols, 1>(rows, K, b, acc);
+  if (live) {
+    const uint8_t* a =
+        parts.a[p] + row * parts.row_stride[p] + slice * part_k * (kType == DType::F32 ? 4 : 2);
+    const uint4* const rows[1] = {reinterpret_cast<const uint4*>(a)};
+    half_rows_dot<kType, kCols, 1>(rows, part_k, b + slice * part_k, K, acc);
+  }
+  if constexpr (kSplit > 1) {
+    __shared__ float partial[kHalfWarps][kCols];
+    if (live && threadIdx.x % 32 == 0) {
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) partial[warp][c] = acc[0][c];
+    }
+    __syncthreads();
+    if (!live || slice != 0) return;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      for (int s = 1; s < kSplit; ++s) acc[0][c] += partial[warp + s][c];
+    }
+  }
   if (threadIdx.x % 32 == 0) {
 #pragma unroll
     for (int c = 0; c < kCols; ++c) parts.out[p][int64_t(c) * M + row] = acc[0][c];
@@ -141,8 +168,9 @@ __global__ __launch_bounds__(kHalfWarps * 32) void half_matvec_kernel(
 
 // Gate (part 0) and up (part 1), M rows each, and glu = silu(gate) * up, as SwiGlu computes it.
 template <DType kType, int kCols>
-__global__ __launch_bounds__(kHalfWarps * 32) void half_gate_up_kernel(
-    const __grid_constant__ HalfParts parts, int64_t K, const float* b, float* glu) {
+__global__ __launch_bounds__(kHalfWarps *
+                             32) void half_gate_up_kernel(const __grid_constant__ HalfParts parts,
+                                                          int64_t K, const float* b, float* glu) {
   const int row = blockIdx.x * kHalfWarps + threadIdx.x / 32;
   const int M = parts.row_start[1];
   if (row >= M) return;
@@ -150,7 +178,7 @@ __global__ __launch_bounds__(kHalfWarps * 32) void half_gate_up_kernel(
       reinterpret_cast<const uint4*>(parts.a[0] + row * parts.row_stride[0]),
       reinterpret_cast<const uint4*>(parts.a[1] + row * parts.row_stride[1])};
   float acc[2][kCols];
-  half_rows_dot<kType, kCols, 2>(rows, K, b, acc);
+  half_rows_dot<kType, kCols, 2>(rows, K, b, K, acc);
   if (threadIdx.x % 32 == 0) {
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
@@ -200,17 +228,26 @@ void launch_half_matvec(const OpContext& ctx, std::span<const NodeExecution> exe
   const HalfParts parts = half_parts(execs);
   const int n = int(execs.size());
   const int rows = glu ? parts.row_start[1] : parts.row_start[n];
-  const dim3 grid(unsigned((rows + kHalfWarps - 1) / kHalfWarps));
+  // Warps per row: up to four, each with at least one pass of kHalfSteps chunks (K of 4096: two,
+  // 8192 or more: four) and an equal share; gate and up keep one warp per row pair.
+  const int64_t chunks = a.ne[0] / kHalfChunk;
+  auto splits = [&](int s) { return chunks % s == 0 && chunks >= s * kHalfSteps; };
+  const int split = glu ? 1 : splits(4) ? 4 : splits(2) ? 2 : 1;
+  const int per_block = kHalfWarps / split;
+  const dim3 grid(unsigned((rows + per_block - 1) / per_block));
   const auto* bp = static_cast<const float*>(execs[0].inputs[1].data);
   auto launch = [&](auto type, auto cols) {
     constexpr DType kType = decltype(type)::value;
-    const cudaError_t err =
-        glu ? launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0,
-                                  half_gate_up_kernel<kType, cols()>, parts, int64_t(a.ne[0]), bp,
-                                  glu)
-            : launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0,
-                                  half_matvec_kernel<kType, cols()>, parts, n, int64_t(a.ne[0]),
-                                  bp);
+    auto matvec = [&](auto kernel) {
+      return launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0, kernel, parts, n,
+                                 int64_t(a.ne[0]), bp);
+    };
+    const cudaError_t err = glu ? launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0,
+                                                      half_gate_up_kernel<kType, cols()>, parts,
+                                                      int64_t(a.ne[0]), bp, glu)
+                            : split == 4 ? matvec(half_matvec_kernel<kType, cols(), 4>)
+                            : split == 2 ? matvec(half_matvec_kernel<kType, cols(), 2>)
+                                         : matvec(half_matvec_kernel<kType, cols(), 1>);
     ctx.check(err, "matmul", "kernel launch");
   };
   with_columns(b.ne[1], [&](auto cols) {
