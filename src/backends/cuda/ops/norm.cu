@@ -38,7 +38,9 @@ __global__ void norm_kernel(const float* x, const float* w, const float* b, floa
   }
 }
 
-int norm_threads(int64_t n) { return n >= 1024 ? 1024 : n >= 256 ? 256 : 128; }
+int norm_threads(int64_t n) {
+  return n >= 1024 ? 1024 : n >= 256 ? 256 : 128;
+}
 
 // sum = a + b and out = rms_norm(sum) * w, row by row; the same arithmetic as binary_kernel's
 // Add followed by norm_kernel<true>, so the results are those of the two launches.
@@ -116,12 +118,11 @@ size_t run_fused_add_rms_norm(const OpContext& ctx, std::span<const NodeExecutio
     w = static_cast<const float*>(weight.data);
   }
   const int64_t n = sum.ne[0];
-  ctx.check(launch_programmatic(ctx.stream, dim3(unsigned(sum.rows())),
-                                dim3(unsigned(norm_threads(n))), 0, add_rms_norm_kernel,
-                                static_cast<const float*>(add.inputs[0].data),
-                                static_cast<const float*>(add.inputs[1].data),
-                                static_cast<float*>(add.output.data), w,
-                                static_cast<float*>(norm.output.data), n, norm.node->params.eps),
+  ctx.check(launch_programmatic(
+                ctx.stream, dim3(unsigned(sum.rows())), dim3(unsigned(norm_threads(n))), 0,
+                add_rms_norm_kernel, static_cast<const float*>(add.inputs[0].data),
+                static_cast<const float*>(add.inputs[1].data), static_cast<float*>(add.output.data),
+                w, static_cast<float*>(norm.output.data), n, norm.node->params.eps),
             "add + rms_norm", "kernel launch");
   return 2;
 }

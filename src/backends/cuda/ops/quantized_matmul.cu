@@ -362,17 +362,8 @@ size_t run_fused_norm_matvecs(const OpContext& ctx, std::span<const NodeExecutio
   const NodeExecution& norm = segment[at];
   const TensorDesc& x = *norm.inputs[0].desc;
   const int64_t K = x.ne[0];
-  // One contiguous f32 row of K, 16-byte aligned (read and written as float4).
-  auto row = [&](const TensorRef& t) {
-    return t.desc->dtype == DType::F32 && t.desc->is_contiguous() && t.desc->elements() == K &&
-           reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
-  };
-  auto apart = [&](const TensorRef& p, const TensorRef& q) {
-    const auto *a = static_cast<const uint8_t*>(p.data), *b = static_cast<const uint8_t*>(q.data);
-    return a + K * 4 <= b || b + K * 4 <= a;
-  };
-  if (x.rows() != 1 || !row(norm.inputs[0]) || !row(norm.output) ||
-      (norm.inputs.size() > 1 && !row(norm.inputs[1])) || norm.inputs.size() > 2) {
+  if (x.rows() != 1 || !f32_row(norm.inputs[0], K) || !f32_row(norm.output, K) ||
+      (norm.inputs.size() > 1 && !f32_row(norm.inputs[1], K)) || norm.inputs.size() > 2) {
     return 0;
   }
   NormedB in{static_cast<const float*>(norm.inputs[0].data),
@@ -384,9 +375,9 @@ size_t run_fused_norm_matvecs(const OpContext& ctx, std::span<const NodeExecutio
   if (at == 1) {
     // The Add's sum is written by one CTA while the others read its inputs: apart from them.
     const NodeExecution& add = segment[0];
-    if (add.inputs.size() != 2 || !row(add.inputs[0]) || !row(add.inputs[1]) || !row(add.output) ||
-        norm.inputs[0].data != add.output.data || !apart(add.output, add.inputs[0]) ||
-        !apart(add.output, add.inputs[1])) {
+    if (add.inputs.size() != 2 || !f32_row(add.inputs[0], K) || !f32_row(add.inputs[1], K) ||
+        !f32_row(add.output, K) || norm.inputs[0].data != add.output.data ||
+        !apart(add.output, add.inputs[0]) || !apart(add.output, add.inputs[1])) {
       return 0;
     }
     in.a = static_cast<const float*>(add.inputs[0].data);

@@ -78,9 +78,9 @@ __global__ void rope_kv_write_kernel(RopeKvParts parts, const int32_t* pos, int 
     const int64_t row = p.d * p.heads;
     const int64_t t = idx / row;
     const int32_t position = pos[t];
-    const float v = p.rotate ? rope_element(p.src, idx, idx % p.d, position, n_rot, log_base,
-                                            parts.neox)
-                             : p.src[idx];
+    const float v = p.rotate
+                        ? rope_element(p.src, idx, idx % p.d, position, n_rot, log_base, parts.neox)
+                        : p.src[idx];
     if (p.out) p.out[idx] = v;
     if (p.cache) {
       if (position < 0 || position >= p.capacity) {
@@ -118,10 +118,9 @@ size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecuti
          (rope_op == OpKind::Rope || rope_op == OpKind::RopeNeox)) {
     const NodeExecution& e = segment[n];
     const TensorDesc& x = *e.inputs[0].desc;
-    if (!contiguous_f32(e.inputs[0]) || !contiguous_f32(e.output) ||
-        !same_positions(e.inputs[1]) || positions->desc->ne[0] != x.ne[2] ||
-        x.ne[3] != 1 || (n > 0 && (e.node->params.n_rot != n_rot ||
-                                   e.node->params.freq_base != freq_base))) {
+    if (!contiguous_f32(e.inputs[0]) || !contiguous_f32(e.output) || !same_positions(e.inputs[1]) ||
+        positions->desc->ne[0] != x.ne[2] || x.ne[3] != 1 ||
+        (n > 0 && (e.node->params.n_rot != n_rot || e.node->params.freq_base != freq_base))) {
       break;
     }
     n_rot = e.node->params.n_rot;
@@ -171,11 +170,11 @@ size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecuti
   int64_t total = 0;
   for (int j = 0; j < parts.count; ++j) total += parts.part[size_t(j)].n;
   constexpr int kThreads = 256;
-  ctx.check(launch_programmatic(ctx.stream, dim3(grid_1d(total, kThreads)), dim3(kThreads), 0,
-                                rope_kv_write_kernel, parts,
-                                static_cast<const int32_t*>(positions->data), n_rot,
-                                log(double(freq_base)), total, ctx.error_flag),
-            "rope + kv_write", "kernel launch");
+  ctx.check(
+      launch_programmatic(ctx.stream, dim3(grid_1d(total, kThreads)), dim3(kThreads), 0,
+                          rope_kv_write_kernel, parts, static_cast<const int32_t*>(positions->data),
+                          n_rot, log(double(freq_base)), total, ctx.error_flag),
+      "rope + kv_write", "kernel launch");
   return n;
 }
 
