@@ -685,6 +685,43 @@ TEST(CudaOps, FusedAddRmsNormIntoMatvecs) {
   }
 }
 
+// Gate and up of one column and the SwiGlu of their outputs (after the Add and its norm, or
+// alone): the staged kernel's CTAs take the same rows of both and write the GLU too. Two
+// columns: the products fuse, the SwiGlu runs alone.
+TEST(CudaOps, FusedGateUpSwiGluInTheStagedKernel) {
+  TANDEM_REQUIRE_GPU(backend);
+  for (DType d : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+    for (bool norm : {true, false}) {
+      for (int64_t t : {1, 2}) {
+        const int64_t dim = 2048, ff = 1000;
+        Graph g;
+        TensorId x = g.input("x", DType::F32, {dim, t});
+        TensorId h = x;
+        if (norm) {
+          TensorId s = g.add(x, g.input("r", DType::F32, {dim, t}));
+          h = g.rms_norm(s, g.weight("w", DType::F32, {dim}), 1e-5f);
+          g.mark_output(s);
+          g.mark_output(h);
+        }
+        TensorId gate = g.matmul(g.weight("wg", d, {dim, ff}), h);
+        TensorId up = g.matmul(g.weight("wu", d, {dim, ff}), h);
+        g.mark_output(gate);
+        g.mark_output(up);
+        g.mark_output(g.swiglu(gate, up));
+        const std::string what = "gate/up + swiglu " + std::string(dtype_name(d)) +
+                                 (norm ? " norm" : "") + " t=" + std::to_string(t);
+        const auto before = backend->graph_stats();
+        expect_close(compare_with_reference(g, *backend, {}, /*as_segment=*/true), kMatmul, what);
+        const auto after = backend->graph_stats();
+        EXPECT_EQ(after.fused_launches - before.fused_launches, t == 2 && norm ? 2 : 1) << what;
+        EXPECT_EQ(after.fused_nodes - before.fused_nodes, t == 1 ? (norm ? 5 : 3) : (norm ? 4 : 2))
+            << what;
+        expect_close(compare_with_reference(g, *backend, {}, /*as_segment=*/false), kMatmul, what);
+      }
+    }
+  }
+}
+
 TEST(CudaOps, TransformerBlockAsOneSegment) {
   TANDEM_REQUIRE_GPU(backend);
   // A small decode block with every op family, run as one captured segment twice.

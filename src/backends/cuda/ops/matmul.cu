@@ -267,18 +267,9 @@ void launch_half_matvec(const OpContext& ctx, std::span<const NodeExecution> exe
 size_t run_fused_half_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment) {
   const size_t n = count_same_b(segment, kMaxHalfParts, half_matvec_fits);
   if (n < 2) return 0;
-  const NodeExecution& first = segment[0];
-  if (n == 2 && segment.size() > 2) {
-    const NodeExecution& glu = segment[2];
-    const TensorDesc& out = *first.output.desc;
-    if (glu.node->op == OpKind::SwiGlu && glu.inputs[0].data == first.output.data &&
-        glu.inputs[1].data == segment[1].output.data && glu.inputs[0].desc->ne == out.ne &&
-        glu.inputs[1].desc->ne == out.ne && segment[1].output.desc->ne == out.ne &&
-        glu.output.desc->ne == out.ne && glu.output.desc->dtype == DType::F32 &&
-        glu.output.desc->is_contiguous()) {
-      launch_half_matvec(ctx, segment.first(2), static_cast<float*>(glu.output.data));
-      return 3;
-    }
+  if (float* glu = swiglu_of(segment, n)) {
+    launch_half_matvec(ctx, segment.first(2), glu);
+    return 3;
   }
   launch_half_matvec(ctx, segment.first(n));
   return n;

@@ -89,8 +89,25 @@ struct NormedB {
   float* out;      // the norm's output: the products' b
   float eps;
 };
+// With glu (gate and up of one column, then the SwiGlu of their outputs) a CTA takes the same rows
+// of both and writes their GLU too.
 bool launch_staged_matvec(const OpContext& ctx, std::span<const NodeExecution> execs,
-                          const NormedB* norm = nullptr);
+                          const NormedB* norm = nullptr, float* glu = nullptr);
+
+// The SwiGlu output where products[0] and products[1] (the first n products of one b) are gate
+// and up and products[2] the SwiGlu of their outputs (same shapes, f32, contiguous); else nullptr.
+inline float* swiglu_of(std::span<const NodeExecution> products, size_t n) {
+  if (n != 2 || products.size() < 3) return nullptr;
+  const NodeExecution& glu = products[2];
+  const TensorDesc& out = *products[0].output.desc;
+  const bool match = glu.node->op == OpKind::SwiGlu &&
+                     glu.inputs[0].data == products[0].output.data &&
+                     glu.inputs[1].data == products[1].output.data &&
+                     glu.inputs[0].desc->ne == out.ne && glu.inputs[1].desc->ne == out.ne &&
+                     products[1].output.desc->ne == out.ne && glu.output.desc->ne == out.ne &&
+                     glu.output.desc->dtype == DType::F32 && glu.output.desc->is_contiguous();
+  return match ? static_cast<float*>(glu.output.data) : nullptr;
+}
 
 // Two 16-bit loads: quants follow the 2-byte scale, so they are only 2-byte aligned.
 __device__ __forceinline__ int load_int_b2(const uint8_t* p) {

@@ -6,15 +6,15 @@ namespace tandem::cuda {
 
 // The K-quants' instances (staged_matvec_k.cu).
 bool launch_staged_k_quant_matvec(const OpContext& ctx, std::span<const NodeExecution> execs,
-                                  const NormedB* norm);
+                                  const NormedB* norm, float* glu);
 
 bool launch_staged_matvec(const OpContext& ctx, std::span<const NodeExecution> execs,
-                          const NormedB* norm) {
+                          const NormedB* norm, float* glu) {
   const DType dtype = execs.front().inputs[0].desc->dtype;
-  if (is_k_quant(dtype)) return launch_staged_k_quant_matvec(ctx, execs, norm);
+  if (is_k_quant(dtype)) return launch_staged_k_quant_matvec(ctx, execs, norm, glu);
   return with_columns(execs.front().inputs[1].desc->ne[1], [&](auto cols) {
-    return dtype == DType::Q4_0 ? staged::launch_staged<DType::Q4_0, cols()>(ctx, execs, norm)
-                                : staged::launch_staged<DType::Q8_0, cols()>(ctx, execs, norm);
+    return dtype == DType::Q4_0 ? staged::launch_staged<DType::Q4_0, cols()>(ctx, execs, norm, glu)
+                                : staged::launch_staged<DType::Q8_0, cols()>(ctx, execs, norm, glu);
   });
 }
 

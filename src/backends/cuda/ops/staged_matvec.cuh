@@ -297,7 +297,8 @@ __global__ __launch_bounds__(
                                                                           uint32_t off_stages,
                                                                           uint32_t off_reduce,
                                                                           const float* b,
-                                                                          NormedB norm) {
+                                                                          NormedB norm,
+                                                                          float* glu) {
   using F = GroupFormat<kType>;
   constexpr bool kQ4 = kType == DType::Q4_0;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -334,25 +335,32 @@ __global__ __launch_bounds__(
     }
   }
 
-  // This CTA's rows, in tiles of up to tile_rows that never straddle two parts.
+  // This CTA's rows, in tiles of up to tile_rows that never straddle two parts. With glu (gate
+  // and up, M rows each) the split is of M: the CTA takes rows [row_begin, row_end) of gate,
+  // then the same rows of up, and ends with their GLU.
   const int cta = int(blockIdx.x);
   const int row_begin = cta * rows_q + min(cta, rows_r);
   const int row_end = row_begin + rows_q + (cta < rows_r);
+  const int half_rows = glu ? parts.row_start[1] : 0;  // gate's M
   // Where the tiles of a part stand: the next tile's first row, the end of the rows of this
-  // part that are this CTA's, and the part's first row.
+  // part that are this CTA's, the part's first row, and the end of the CTA's current range.
   struct Cursor {
-    int row, seg_end, part, part_begin;
+    int row, seg_end, part, part_begin, end;
   };
   auto next_rows = [&](Cursor& c) {  // rows of the tile at c, entering the next part if due
-    if (c.row == c.seg_end && c.row < row_end) {
+    if (glu && c.row == c.end && c.end == row_end) {  // gate's rows done: up's same rows
+      c.row = c.seg_end = half_rows + row_begin;
+      c.end = half_rows + row_end;
+    }
+    if (c.row == c.seg_end && c.row < c.end) {
       c.part = part_of(parts, c.row);
       c.part_begin = pick(parts.row_start, c.part);
-      c.seg_end = min(row_end, pick(parts.row_start, c.part + 1));
+      c.seg_end = min(c.end, pick(parts.row_start, c.part + 1));
     }
     return min(tile_rows, c.seg_end - c.row);
   };
 
-  Cursor fetch{row_begin, row_begin, 0, 0};
+  Cursor fetch{row_begin, row_begin, 0, 0, row_end};
   const uint8_t* fetch_src = nullptr;
   uint32_t fetch_dst = s_stage;
   auto issue = [&] {  // the next tile, into the next slot of the ring
@@ -579,7 +587,7 @@ __global__ __launch_bounds__(
     filled = 0;
   };
 
-  Cursor cur{row_begin, row_begin, 0, 0};
+  Cursor cur{row_begin, row_begin, 0, 0, row_end};
   int slot = 0;  // byte offset of this tile's slot in the ring
   for (;;) {
     const int nr = next_rows(cur);
@@ -657,6 +665,13 @@ __global__ __launch_bounds__(
   }
   if (filled > 0) flush();
   copy_async_wait<0>();  // no copy may outlive the CTA (the trailing groups are empty)
+  if (glu) {
+    __syncthreads();  // the flushes' row sums of both parts
+    for (int r = row_begin + tid; r < row_end; r += threads) {
+      const float g = parts.out[0][r];
+      glu[r] = g / (1.0f + expf(-g)) * parts.out[1][r];  // as swiglu_kernel
+    }
+  }
 }
 
 // Launches the staged kernel for one node, or for several that share b (one part each), when
@@ -664,7 +679,7 @@ __global__ __launch_bounds__(
 // not a multiple of 256, too little shared memory).
 template <DType kType, int kCols>
 bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs,
-                   const NormedB* norm = nullptr) {
+                   const NormedB* norm = nullptr, float* glu = nullptr) {
   const NodeExecution& first = execs.front();
   const TensorDesc& a0 = *first.inputs[0].desc;
   const TensorDesc& b = *first.inputs[1].desc;
@@ -694,8 +709,12 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs,
     parts.row_start[i + 1] = int(parts.row_start[i] + a.ne[1]);
   }
   const int64_t M = parts.row_start[parts.count];
+  // With glu the CTAs split gate's rows (and take the same rows of up).
+  if (glu && (kCols != 1 || parts.count != 2 || 2 * int64_t(parts.row_start[1]) != M)) return false;
+  const int64_t split_rows = glu ? M / 2 : M;
   // One CTA per SM: a second would leave the next kernel no room.
-  const int64_t ctas = std::min<int64_t>(ctx.sm_count, M), cta_rows = (M + ctas - 1) / ctas;
+  const int64_t ctas = std::min<int64_t>(ctx.sm_count, split_rows),
+                cta_rows = (M + ctas - 1) / ctas;
   // Two CTAs per SM (this kernel's and the next one's) only where half an SM's shared memory
   // still holds tiles for 12 warps: with fewer (wide rows, Q8_0) one CTA alone with a deeper ring
   // measured faster (bench/NOTES.md).
@@ -709,6 +728,11 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs,
                              parts.count, kAloneTargetBytes<kType, kCols>);
   }
   if (l.total > ctx.smem_optin) return false;
+  // The GLU only where a CTA's share of each part is a few tiles (latency-bound products: 1B
+  // Q4_0 tg128 +3%). Where each part streams more than kLongTiles tiles a CTA, the split into two
+  // ranges costs a partial tile each and the separate SwiGLU overlaps the next product's first
+  // fetches (8B Q4_0 -2.5%; H100, bench/NOTES.md).
+  if (glu && split_rows > int64_t(kLongTiles) * l.rows * ctas) return false;
   // b in registers: one column, and a thread's group of b the same in every tile.
   const bool reg_b = kCols == 1 && l.rows > 1;
   // A normed b: every item of it held by the CTA's threads at once (two each), b in registers.
@@ -719,14 +743,14 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs,
     ctx.check(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)),
         "quantized_matmul", "cudaFuncSetAttribute");
-    ctx.check(
-        launch_programmatic(ctx.stream, dim3(unsigned(ctas), unsigned(b.ne[2] * b.ne[3])),
-                            dim3(unsigned(l.threads)), l.total, kernel, parts, int64_t(a0.nb[2]),
-                            int64_t(a0.nb[3]), int(b.ne[2] / a0.ne[2]), int(b.ne[3] / a0.ne[3]),
-                            int(b.ne[2]), int(M / ctas), int(M % ctas), l.gpr, l.rows,
-                            l.stage_bytes, l.red_tiles, uint32_t(l.b_scale), uint32_t(l.stages),
-                            uint32_t(l.reduce), bp, norm ? *norm : NormedB{}),
-        norm ? "rms_norm + quantized_matmul" : "quantized_matmul", "launch");
+    ctx.check(launch_programmatic(ctx.stream, dim3(unsigned(ctas), unsigned(b.ne[2] * b.ne[3])),
+                                  dim3(unsigned(l.threads)), l.total, kernel, parts,
+                                  int64_t(a0.nb[2]), int64_t(a0.nb[3]), int(b.ne[2] / a0.ne[2]),
+                                  int(b.ne[3] / a0.ne[3]), int(b.ne[2]), int(split_rows / ctas),
+                                  int(split_rows % ctas), l.gpr, l.rows, l.stage_bytes, l.red_tiles,
+                                  uint32_t(l.b_scale), uint32_t(l.stages), uint32_t(l.reduce), bp,
+                                  norm ? *norm : NormedB{}, glu),
+              norm ? "rms_norm + quantized_matmul" : "quantized_matmul", "launch");
   };
   auto launch_ring = [&](auto stages, auto long_rows) {
     constexpr int kStages = decltype(stages)::value;

@@ -6,15 +6,15 @@
 namespace tandem::cuda {
 
 bool launch_staged_k_quant_matvec(const OpContext& ctx, std::span<const NodeExecution> execs,
-                                  const NormedB* norm) {
+                                  const NormedB* norm, float* glu) {
   return with_columns(execs.front().inputs[1].desc->ne[1], [&](auto cols) {
     switch (execs.front().inputs[0].desc->dtype) {
       case DType::Q4_K:
-        return staged::launch_staged<DType::Q4_K, cols()>(ctx, execs, norm);
+        return staged::launch_staged<DType::Q4_K, cols()>(ctx, execs, norm, glu);
       case DType::Q5_K:
-        return staged::launch_staged<DType::Q5_K, cols()>(ctx, execs, norm);
+        return staged::launch_staged<DType::Q5_K, cols()>(ctx, execs, norm, glu);
       case DType::Q6_K:
-        return staged::launch_staged<DType::Q6_K, cols()>(ctx, execs, norm);
+        return staged::launch_staged<DType::Q6_K, cols()>(ctx, execs, norm, glu);
       default:
         return false;
     }
