@@ -44,10 +44,17 @@ struct OpKey {
   OpKind op = OpKind::Input;
   DType dtype = DType::F32;
   bool one_token = false;
+  // The op that runs just before (the previous compute node: runs go in graph order), for the
+  // small ops whose time depends on what that one left in the caches: in a decode layer the K
+  // cache write after the K RoPE reads 1.0 us and the V write after it 0.7 (1B, 2-core VM), which
+  // one sample of both missed by 25-40% each. Input: not kept apart (products, attention, the
+  // ops calibration times alone). A key without samples of its own takes the plain key's.
+  OpKind after = OpKind::Input;
   auto operator<=>(const OpKey&) const = default;
 };
 OpKey op_key(const Graph& graph, const Node& node);
-std::string op_key_name(const OpKey& key);  // "quantized_matmul q4_0 vec"
+std::string op_key_name(
+    const OpKey& key);  // "quantized_matmul q4_0 vec", "kv_write f32 after rope"
 
 // One timed run of an op at one shape (tandem calibrate).
 struct OpSample {

@@ -139,7 +139,8 @@ std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const D
        ++pass) {
     run_pass(true);
   }
-  // Ops of the same key and work (k and v, the two adds) make one sample.
+  // Ops of the same key and work make one sample (the two adds, both after a product); the K and
+  // V cache writes are apart by the op before each (OpKey::after).
   std::map<std::tuple<OpKey, double, double>, std::vector<double>> pooled;
   for (size_t i = 0; i < execs.size(); ++i) {
     const Node& n = *execs[i].node;

@@ -64,6 +64,19 @@ OpKey op_key(const Graph& graph, const Node& node) {
     const TensorDesc& q = graph.tensor(node.inputs[0]);
     key.one_token = q.ne[2] * q.ne[3] == 1;
   }
+  // Products and attention are priced by their size alone (their samples span the sizes of
+  // every model); the small ops by what ran before them too.
+  const bool sized = node.op == OpKind::MatMul || node.op == OpKind::QuantizedMatMul ||
+                     node.op == OpKind::ExpertMatMul || node.op == OpKind::Attention;
+  if (!sized) {
+    for (size_t id = size_t(node.id); id-- > 0;) {
+      const OpKind before = graph.nodes()[id].op;
+      if (is_compute(before)) {
+        key.after = before;
+        break;
+      }
+    }
+  }
   return key;
 }
 
@@ -74,6 +87,10 @@ std::string op_key_name(const OpKey& key) {
   if (key.op == OpKind::MatMul || key.op == OpKind::QuantizedMatMul ||
       key.op == OpKind::Attention || key.op == OpKind::ExpertMatMul)
     name += key.one_token ? " vec" : " mat";
+  if (key.after != OpKind::Input) {
+    name += " after ";
+    name += op_name(key.after);
+  }
   return name;
 }
 
@@ -169,6 +186,11 @@ constexpr double kMinEfficiency = 1e-3;
 OpKey sampled_key(const OpKey& key, const BackendProfile& profile) {
   if (profile.op_samples.count(key)) return key;
   OpKey proxy = key;
+  // Not measured after this op: the op's samples of any other context (timed alone).
+  if (key.after != OpKind::Input) {
+    proxy.after = OpKind::Input;
+    if (profile.op_samples.count(proxy)) return proxy;
+  }
   // K-quants without samples of their own take Q4_0's or (Q6_K) Q8_0's.
   if (is_k_quant(key.dtype)) {
     proxy.dtype = key.dtype == DType::Q6_K ? DType::Q8_0 : DType::Q4_0;
@@ -354,13 +376,21 @@ OpKey parse_op_key(const json& j, const std::string& where) {
   key.op = *op;
   key.dtype = *dtype;
   key.one_token = j.value("one_token", false);
+  if (j.contains("after")) {
+    const json& after = j.at("after");
+    const auto before = after.is_string() ? op_from_name(after.get<std::string>()) : std::nullopt;
+    if (!before) bad(where + ".after: unknown op " + after.dump());
+    key.after = *before;
+  }
   return key;
 }
 
 json op_key_json(const OpKey& key) {
-  return {{"op", std::string(op_name(key.op))},
-          {"dtype", std::string(dtype_name(key.dtype))},
-          {"one_token", key.one_token}};
+  json j = {{"op", std::string(op_name(key.op))},
+            {"dtype", std::string(dtype_name(key.dtype))},
+            {"one_token", key.one_token}};
+  if (key.after != OpKind::Input) j["after"] = std::string(op_name(key.after));
+  return j;
 }
 
 std::vector<double> numbers(const json& j, const std::string& where) {

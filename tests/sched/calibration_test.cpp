@@ -205,6 +205,12 @@ TEST(Calibration, OpKeysSeparateOneTokenProducts) {
   TensorId a = g.attention(q, kc, vc, g.input("pos", DType::I32, {1}), 0.25f);
   EXPECT_EQ(op_key(g, g.node(a)).dtype, DType::F16);  // the cache's dtype picks the kernel
   EXPECT_TRUE(op_key(g, g.node(a)).one_token);
+  // Small ops carry the op that runs before them (views skipped); products and attention not.
+  TensorId sum = g.add(g.reshape(vec, {32, 1}), g.input("r", DType::F32, {32, 1}));
+  EXPECT_EQ(op_key(g, g.node(sum)).after, OpKind::Attention);
+  EXPECT_EQ(op_key_name(op_key(g, g.node(sum))), "add f32 after attention");
+  EXPECT_EQ(op_key(g, g.node(a)).after, OpKind::Input);
+  EXPECT_EQ(op_key(g, g.node(mat)).after, OpKind::Input);
 }
 
 TEST(Calibration, LearningTakesTheMedianOfRecentRuns) {
@@ -479,9 +485,10 @@ TEST(Calibration, QuickCpuCalibrationIsSaneAndCached) {
 }
 
 TEST(Calibration, CpuTimesTheOpsOfADecodeLayerAtTheirOwnShapes) {
-  // One-token ops of a 1B layer that no isolated shape matches (k and v are 8 heads of 64): the
-  // decode layer run in place gives each a sample of its own, and the estimate of such a node is
-  // that sample's time.
+  // One-token ops of a 1B layer, in a layer's order, that no isolated shape matches (k and v are
+  // 8 heads of 64): the decode layer run in place gives each a sample of its own, the small ops
+  // under the op that runs before them as in a model (the K cache write after the K RoPE, the V
+  // write after the K write: two samples), and the estimate of such a node is that sample's time.
   auto cpu = create_backend("cpu", BackendOptions{1});
   CalibrationOptions quick;
   quick.quick = true;
@@ -489,17 +496,23 @@ TEST(Calibration, CpuTimesTheOpsOfADecodeLayerAtTheirOwnShapes) {
   Graph g;
   TensorId h = g.input("h", DType::F32, {2048, 1});
   TensorId pos = g.input("pos", DType::I32, {1});
-  TensorId k = g.reshape(g.matmul(g.weight("wk", DType::Q4_0, {2048, 512}), h), {64, 8, 1});
-  TensorId roped = g.rope(k, pos, 64, 500000.0f);
-  TensorId written = g.kv_write(g.kv_cache("k", DType::F16, {64, 8, 256}), roped, pos);
-  TensorId gate = g.input("gate", DType::F32, {8192, 1});
-  TensorId glu = g.swiglu(gate, g.input("up", DType::F32, {8192, 1}));
-  // Attention over a cache as long as the layer's, every key read.
+  auto product = [&](const char* name, int64_t rows) {
+    return g.matmul(g.weight(name, DType::Q4_0, {2048, rows}), h);
+  };
+  TensorId q = g.reshape(product("wq", 2048), {64, 32, 1});
+  TensorId k = g.reshape(product("wk", 512), {64, 8, 1});
+  TensorId v = g.reshape(product("wv", 512), {64, 8, 1});
+  TensorId q_roped = g.rope(q, pos, 64, 500000.0f);
+  TensorId k_roped = g.rope(k, pos, 64, 500000.0f);
+  // Caches as long as the layer's: attention reads every key.
   const int64_t cache = detail::kFirstPosition + 1;
-  TensorId attended = g.attention(g.input("q", DType::F32, {64, 32, 1}),
-                                  g.kv_cache("kc", DType::F16, {64, 8, cache}),
-                                  g.kv_cache("vc", DType::F16, {64, 8, cache}), pos, 0.125f);
-  for (TensorId id : {g.node(k).inputs[0], roped, written, glu, attended}) {
+  TensorId kw = g.kv_write(g.kv_cache("kc", DType::F16, {64, 8, cache}), k_roped, pos);
+  TensorId vw = g.kv_write(g.kv_cache("vc", DType::F16, {64, 8, cache}), v, pos);
+  TensorId attended = g.attention(q_roped, kw, vw, pos, 0.125f);
+  TensorId glu = g.swiglu(product("wg", 8192), product("wu", 8192));
+  EXPECT_EQ(op_key(g, g.node(kw)).after, OpKind::Rope);
+  EXPECT_EQ(op_key(g, g.node(vw)).after, OpKind::KvWrite);
+  for (TensorId id : {g.node(k).inputs[0], k_roped, kw, vw, glu, attended}) {
     const Node& n = g.node(id);
     const OpKey key = op_key(g, n);
     const OpWork w = op_work(g, n);

@@ -186,6 +186,35 @@ TEST(CostModel, KQuantsCostTheirBytesAtACalibratedFormatsEfficiency) {
   EXPECT_NEAR(matvec_us(DType::Q4_K), 3.0 * q4k_roofline, 1e-6);
 }
 
+// A small op measured after the op that runs before it in the graph is priced by that sample;
+// after another op (or none measured), by the samples of its plain key; and the key's "after"
+// round-trips through the profile's JSON.
+TEST(CostModel, SmallOpsArePricedByWhatRanBeforeThemWhereMeasured) {
+  BackendProfile p = CostModel::default_profile(BackendKind::Cpu);
+  p.launch_us = 0.0;
+  Graph g;
+  TensorId pos = g.input("pos", DType::I32, {1});
+  TensorId k = g.input("k", DType::F32, {16, 2, 1});
+  TensorId after_rope =
+      g.kv_write(g.kv_cache("kc", DType::F32, {16, 2, 8}), g.rope(k, pos, 16, 10000.0f), pos);
+  TensorId after_write = g.kv_write(g.kv_cache("vc", DType::F32, {16, 2, 8}), k, pos);
+  const OpWork w = op_work(g, g.node(after_rope));
+  p.op_samples[{OpKind::KvWrite, DType::F32, false}] = {{w.flops, w.bytes, 2.0}};
+  p.op_samples[{OpKind::KvWrite, DType::F32, false, OpKind::Rope}] = {{w.flops, w.bytes, 10.0}};
+  EXPECT_NEAR(CostModel::estimate(g, g.node(after_rope), p).compute_us, 10.0, 1e-9);
+  EXPECT_NEAR(CostModel::estimate(g, g.node(after_write), p).compute_us, 2.0, 1e-9);
+  CostModel m;
+  m.set_profile("cpu", p);
+  CostModel back;
+  back.load_json(m.to_json());
+  EXPECT_NEAR(
+      CostModel::estimate(g, g.node(after_rope), back.profile("cpu", BackendKind::Cpu)).compute_us,
+      10.0, 1e-9);
+  EXPECT_THROW(back.load_json(R"({"profiles": {"cpu": {"op_samples": [{"op": "kv_write",
+      "dtype": "f32", "after": "no_such_op", "samples": [[0, 64, 1.0]]}]}}})"),
+               Error);
+}
+
 TEST(CostModel, DefaultsAndLookupOrder) {
   CostModel m;
   BackendProfile cpu = m.profile("cpu", BackendKind::Cpu);
