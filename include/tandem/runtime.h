@@ -87,7 +87,7 @@ struct SessionOptions {
   // residency is planned again with them; every kHotReviewSteps more a layer's set is replaced
   // where the experts chosen most lately cover more of its choices by a margin
   // (Session::hot_experts; --hot-experts). The split is a trial: at the first review window
-  // whose decode steps take no less time (median) than those before the split, the session
+  // whose decode steps take no less time (median) than those before the split, the Session
   // undoes it and keeps whole layers (Session::hot_experts_outcome). Off by default until
   // measured ahead of whole layers.
   bool hot_experts = false;
