@@ -39,10 +39,14 @@ size_t extent(const TensorDesc& d) {
   return last + size_t(d.nb[1]);
 }
 
+}  // namespace
+
 bool overlap(const TensorRef& a, const TensorRef& b) {
   const auto *pa = static_cast<const uint8_t*>(a.data), *pb = static_cast<const uint8_t*>(b.data);
   return pa < pb + extent(*b.desc) && pb < pa + extent(*a.desc);
 }
+
+namespace {
 
 // The longest prefix (at most kMaxFusedNodes) of the segment in which no node writes memory that
 // another node of the prefix reads from outside it. A fused launch runs all of their reads and

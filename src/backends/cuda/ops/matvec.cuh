@@ -63,32 +63,25 @@ size_t count_same_b(std::span<const NodeExecution> segment, size_t most, Fits fi
   return n;
 }
 
-// The staged kernel for one node, or for up to kMaxParts that share b (one part each), when the
-// layout allows it; false leaves them to the generic kernel (strided or unaligned weights, K not a
-// multiple of 256, too little shared memory).
 // One contiguous f32 row of k values at a 16-byte aligned address (read as float4).
 inline bool f32_row(const TensorRef& t, int64_t k) {
   return t.desc->dtype == DType::F32 && t.desc->is_contiguous() && t.desc->elements() == k &&
          reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
 }
 
-// Two contiguous tensors whose bytes do not overlap (one launch writes one while reading the
-// other).
-inline bool apart(const TensorRef& p, const TensorRef& q) {
-  const auto *a = static_cast<const uint8_t*>(p.data), *b = static_cast<const uint8_t*>(q.data);
-  return a + p.desc->bytes() <= b || b + q.desc->bytes() <= a;
-}
-
 // With norm (one column, decode), b is made by the kernel from the residual stream, as the Add and
-// RmsNorm before the products would write it (run_fused_norm_matvecs), and written out too.
+// RmsNorm before the products would write it (run_fused_norm_matvecs), and written out to b (the
+// norm's output) too.
 struct NormedB {
   const float* a;  // the Add's first input, or the norm's input without an Add
   const float* r;  // the Add's second input; nullptr: no Add
   const float* w;  // the norm's weight; nullptr: none
   float* sum;      // the Add's output (written with r)
-  float* out;      // the norm's output: the products' b
   float eps;
 };
+// The staged kernel for one node, or for up to kMaxParts that share b (one part each), when the
+// layout allows it; false leaves them to the generic kernel (strided or unaligned weights, K not a
+// multiple of 256, too little shared memory).
 // With glu (gate and up of one column, then the SwiGlu of their outputs) a CTA takes the same rows
 // of both and writes their GLU too.
 bool launch_staged_matvec(const OpContext& ctx, std::span<const NodeExecution> execs,

@@ -72,6 +72,9 @@ size_t op_scratch_bytes(const OpContext& ctx, const NodeExecution& e);
 // Runs one compute node through the first row covering it; throws Unsupported where none does.
 void run_op(const OpContext& ctx, const NodeExecution& e);
 
+// Whether two tensors' bytes (rows may be strided) share any address.
+bool overlap(const TensorRef& a, const TensorRef& b);
+
 // Runs the first nodes of `segment` as one launch where they form a pattern a fused kernel
 // covers; returns how many it ran (0: run the first node alone). Each fused kernel writes every
 // output its nodes have, with the arithmetic of the separate kernels, so a fusion needs no

@@ -368,18 +368,15 @@ size_t run_fused_norm_matvecs(const OpContext& ctx, std::span<const NodeExecutio
       (norm.inputs.size() > 1 && !f32_row(norm.inputs[1], K)) || norm.inputs.size() > 2) {
     return 0;
   }
-  NormedB in{static_cast<const float*>(norm.inputs[0].data),
-             nullptr,
+  NormedB in{static_cast<const float*>(norm.inputs[0].data), nullptr,
              norm.inputs.size() > 1 ? static_cast<const float*>(norm.inputs[1].data) : nullptr,
-             nullptr,
-             static_cast<float*>(norm.output.data),
-             norm.node->params.eps};
+             nullptr, norm.node->params.eps};
   if (at == 1) {
     // The Add's sum is written by one CTA while the others read its inputs: apart from them.
     const NodeExecution& add = segment[0];
     if (add.inputs.size() != 2 || !f32_row(add.inputs[0], K) || !f32_row(add.inputs[1], K) ||
         !f32_row(add.output, K) || norm.inputs[0].data != add.output.data ||
-        !apart(add.output, add.inputs[0]) || !apart(add.output, add.inputs[1])) {
+        overlap(add.output, add.inputs[0]) || overlap(add.output, add.inputs[1])) {
       return 0;
     }
     in.a = static_cast<const float*>(add.inputs[0].data);
