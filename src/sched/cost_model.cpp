@@ -49,6 +49,17 @@ BackendProfile CostModel::default_profile(std::string_view backend_id, BackendKi
   return p;
 }
 
+namespace {
+
+// Products and attention: one token or many, and their size alone (their samples span the sizes
+// of every model). The other ops also by the op that runs before them (OpKey::after).
+bool priced_by_size(OpKind op) {
+  return op == OpKind::MatMul || op == OpKind::QuantizedMatMul || op == OpKind::Attention ||
+         op == OpKind::ExpertMatMul;
+}
+
+}  // namespace
+
 OpKey op_key(const Graph& graph, const Node& node) {
   OpKey key;
   key.op = node.op;
@@ -64,11 +75,7 @@ OpKey op_key(const Graph& graph, const Node& node) {
     const TensorDesc& q = graph.tensor(node.inputs[0]);
     key.one_token = q.ne[2] * q.ne[3] == 1;
   }
-  // Products and attention are priced by their size alone (their samples span the sizes of
-  // every model); the small ops by what ran before them too.
-  const bool sized = node.op == OpKind::MatMul || node.op == OpKind::QuantizedMatMul ||
-                     node.op == OpKind::ExpertMatMul || node.op == OpKind::Attention;
-  if (!sized) {
+  if (!priced_by_size(node.op)) {
     for (size_t id = size_t(node.id); id-- > 0;) {
       const OpKind before = graph.nodes()[id].op;
       if (is_compute(before)) {
@@ -84,9 +91,7 @@ std::string op_key_name(const OpKey& key) {
   std::string name(op_name(key.op));
   name += " ";
   name += dtype_name(key.dtype);
-  if (key.op == OpKind::MatMul || key.op == OpKind::QuantizedMatMul ||
-      key.op == OpKind::Attention || key.op == OpKind::ExpertMatMul)
-    name += key.one_token ? " vec" : " mat";
+  if (priced_by_size(key.op)) name += key.one_token ? " vec" : " mat";
   if (key.after != OpKind::Input) {
     name += " after ";
     name += op_name(key.after);
