@@ -426,12 +426,14 @@ TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
   TANDEM_REQUIRE_GPU(backend);
   for (DType d : {DType::Q4_0, DType::Q8_0}) {
     // K % 256 == 0 takes the staged matrix-vector kernel (one or several rows per tile, one
-    // or several groups per thread; 4096x14336: more tiles per block than its partial buffers
-    // hold, so the block adds row sums more than once); K = 96 and a K too large for its shared
-    // memory take the generic one; 9 to 32 columns slices of up to 8; more the GEMM.
+    // or several groups per thread; 2048x69000 and Q8_0's 4096x14336: more tiles per block than
+    // its partial buffers hold, so the block adds row sums more than once); K = 96 and a K too
+    // large for its shared memory take the generic one; 9 to 32 columns slices of up to 8; more
+    // the GEMM.
     expect_quantized_products(*backend, d,
                               {{256, 129, 1},
                                {4096, 14336, 1},
+                               {2048, 69000, 1},
                                {4096, 64, 3},
                                {2048, 37, 8},
                                {14336, 300, 1},

@@ -21,10 +21,11 @@
 // The kernel is launched as a programmatic dependent of the previous kernel: it fetches weights
 // (which no kernel writes) and pulls b's lines into the L2 (fetching is not reading: the L2 is
 // where every write lands) before it waits for that kernel (griddepcontrol.wait) and reads b.
-// With one or two columns its registers, and for most shapes its shared memory, fit two CTAs on
-// an SM: the next matrix-vector kernel's CTA becomes resident and starts its fetches while this
-// one drains (kPairStages). Otherwise one CTA per SM runs a deeper ring (kSoloStages), or for
-// Q5_K and Q6_K a ring of larger tiles (kWideStages).
+// With two columns its registers, and for most shapes its shared memory, fit two CTAs on an SM:
+// the next matrix-vector kernel's CTA becomes resident and starts its fetches while this one
+// drains (kPairStages). Otherwise one CTA per SM runs a deeper ring: with one column (decode) of
+// up to four tiles as large as shared memory holds (kWideStages), for Q4_K and more columns of
+// five up to 32 KB (kSoloStages).
 //
 // With kNorm (one column) b is not read but made: every CTA loads the residual Add's two inputs,
 // sums them, reduces their squares over the CTA and scales them by the RmsNorm's factor and
@@ -62,43 +63,39 @@ constexpr int kBHalfBytes = kGroupElems / 2 + 16;
 constexpr int kBGroupBytes = 2 * kBHalfBytes;
 constexpr int kBScaleHalf = kHalfBlocks * 8 + 8;  // bytes
 constexpr int kBScaleBytes = 2 * kBScaleHalf;
-// CTAs per SM the registers allow: the one- and two-column kernels fit two in 64 registers a
-// thread, except the K-quants' (Q4_K's spilled 16 bytes, Q5_K's 120, Q6_K's 192; Q4_K two to an
-// SM, with or without b in registers, measured no faster than one: bench/NOTES.md).
+// CTAs per SM the registers allow: the two-column kernels fit two in 64 registers a thread,
+// except the K-quants' (Q4_K's spilled 16 bytes, Q5_K's 120, Q6_K's 192; Q4_K two to an SM, with
+// or without b in registers, measured no faster than one: bench/NOTES.md). The one-column kernels
+// run alone: Q4_0's two to an SM cost the 8B's decode 15% (tg128 384 against 447-455 t/s alone;
+// 4096x14336 14.5 us against 12.8 alone; H100, bench/NOTES.md).
 template <DType kType, int kCols>
-constexpr int kStagedMinBlocks = kCols <= 2 && !is_k_quant(kType) ? 2 : 1;
+constexpr int kStagedMinBlocks = kCols == 2 && !is_k_quant(kType) ? 2 : 1;
 // A CTA alone on its SM (the deeper ring) may use all of the SM's registers: at 64 the one-column
 // Q4_0 kernel spilled once its prologue grew; with them the one-column Q4_0 and Q8_0 kernels alone
 // on their SM ran 0.2-0.8 us faster (aaa9c84, H100, 2026-11-21; bench/NOTES.md).
 template <DType kType, int kCols, int kStages>
 constexpr int kStagedLaunchBlocks = kStages != kPairStages ? 1 : kStagedMinBlocks<kType, kCols>;
-// The one-column kernels that decode the most per byte, Q5_K and Q6_K, run a ring of four tiles as
-// large as shared memory holds (up to 16 rows of 4096 or 4 of 14336: 448-512 threads) instead of
-// five of up to 32 KB (as few as 224 threads): more threads share the decoding and each pays the
-// per-tile work for more bytes. % of copy, 4096x14336 / 14336x4096 (H100, bench/NOTES.md):
-// Q6_K 79.3 / 68.8 -> 88.2 / 73.0, Q5_K 86.8 / 77.2 -> 89.1 / 82.0; Q4_K 78.5 / 76.6 -> 85.9 /
-// 74.5 keeps the five.
+// The one-column kernels run a ring of four tiles as large as shared memory holds (up to 16 rows
+// of 4096 or 4 of 14336: 448-512 threads) instead of five of up to 32 KB (as few as 224 threads):
+// more threads share the decoding and each pays the per-tile work for more bytes. % of copy,
+// 4096x14336 / 14336x4096 (H100, bench/NOTES.md): Q6_K 79.3 / 68.8 -> 88.2 / 73.0, Q5_K 86.8 /
+// 77.2 -> 89.1 / 82.0, Q4_0 79.8 / 76.5 -> 86.6 / 74.3, Q8_0 92.0 / 84.6 -> 94.3 / 85.6; end to
+// end, tg128 1B Q4_0 +3%, 8B Q8_0 +1.5%. Q4_K 78.5 / 76.6 -> 85.9 / 74.5 keeps the five.
 template <DType kType, int kCols>
-constexpr bool kWideTiles = kCols == 1 && (kType == DType::Q5_K || kType == DType::Q6_K);
+constexpr bool kWideTiles = kCols == 1 && kType != DType::Q4_K;
 // The ring of a CTA alone on its SM, and its largest tile.
 template <DType kType, int kCols>
 constexpr int kAloneStages = kWideTiles<kType, kCols> ? kWideStages : kSoloStages;
 template <DType kType, int kCols>
 constexpr int kAloneTargetBytes = kWideTiles<kType, kCols> ? kWideTargetBytes : kStageTargetBytes;
 // Tiles fetched before the wait for the preceding kernel (kEarly); the rest follow b's first
-// loads. b's loads queue behind the copies in flight: the one-column Q4_0 kernel alone on its SM
-// (rows of 14336) measured fastest sending two of its four first (1, 3 or all four, or a sixth
-// stage, were slower); Q8_0 measured fastest with all four; the one-column K-quant kernels (always
-// alone on their SM) fastest with two (Q4_K 14336x4096: 69.5% of copy with four, 76.9% with two,
-// 69.6% with one; H100). The one-column Q4_0 kernel sharing its SM sends one of its two when its
-// CTA has more than kLongTiles tiles (kLongRows; the next launch's early fetches then slow this
-// one's stream less): 4096x14336 (7 tiles) 14.73 -> 14.36 us; with fewer it sends both
-// (4096x4096, 2 tiles: 7.25 us, 7.37 with one; q/k/v, 3 tiles: no change; H100).
-template <DType kType, int kCols, int kStages, bool kLongRows>
-constexpr int kPreIssue = kType == DType::Q8_0 || kCols != 1 ? kStages - 1
-                          : kStages != kPairStages           ? 2
-                          : kLongRows                        ? 1
-                                                             : kStages - 1;
+// loads. b's loads queue behind the copies in flight: the one-column Q4_0 kernel (rows of 14336)
+// measured fastest sending two first (1, 3 or all four, or a sixth stage, were slower); Q8_0
+// measured fastest with all but one; the one-column K-quant kernels fastest with two (Q4_K
+// 14336x4096: 69.5% of copy with four, 76.9% with two, 69.6% with one; H100).
+template <DType kType, int kCols, int kStages>
+constexpr int kPreIssue = kType == DType::Q8_0 || kCols != 1 ? kStages - 1 : 2;
+// Tiles of each part a CTA streams up to which gate and up write their GLU (launch_staged).
 constexpr int kLongTiles = 4;
 
 // A group of 256 elements: 8 blocks of Q4_0 / Q8_0 (a thread reads its half as 8-byte words), or
@@ -716,9 +713,9 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs,
   // One CTA per SM: a second would leave the next kernel no room.
   const int64_t ctas = std::min<int64_t>(ctx.sm_count, split_rows),
                 cta_rows = (M + ctas - 1) / ctas;
-  // Two CTAs per SM (this kernel's and the next one's) only where half an SM's shared memory
-  // still holds tiles for 12 warps: with fewer (wide rows, Q8_0) one CTA alone with a deeper ring
-  // measured faster (bench/NOTES.md).
+  // Two CTAs per SM (this kernel's and the next one's; two columns, kStagedMinBlocks) only where
+  // half an SM's shared memory still holds tiles for 12 warps: with fewer (wide rows, Q8_0) one
+  // CTA alone with a deeper ring measured faster (bench/NOTES.md).
   constexpr bool kMayPair = kStagedMinBlocks<kType, kCols> >= 2;
   bool pair = kMayPair;
   StagedLayout l =
@@ -753,9 +750,9 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs,
                                   norm ? *norm : NormedB{}, glu),
               norm ? "rms_norm + quantized_matmul" : "quantized_matmul", "launch");
   };
-  auto launch_ring = [&](auto stages, auto long_rows) {
+  auto launch_ring = [&](auto stages) {
     constexpr int kStages = decltype(stages)::value;
-    constexpr int kEarly = kPreIssue<kType, kCols, kStages, decltype(long_rows)::value>;
+    constexpr int kEarly = kPreIssue<kType, kCols, kStages>;
     if constexpr (kCols == 1) {
       if (norm) return launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, true>);
     }
@@ -764,20 +761,13 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs,
   };
   using Pair = std::integral_constant<int, kPairStages>;
   using Solo = std::integral_constant<int, kAloneStages<kType, kCols>>;
-  [[maybe_unused]] const bool long_rows = M > int64_t(kLongTiles) * l.rows * ctas;  // per CTA
   if constexpr (kMayPair) {
     if (pair) {
-      if constexpr (kType == DType::Q4_0 && kCols == 1) {  // the only kernel long rows change
-        if (long_rows) {
-          launch_ring(Pair{}, std::true_type{});
-          return true;
-        }
-      }
-      launch_ring(Pair{}, std::false_type{});
+      launch_ring(Pair{});
       return true;
     }
   }
-  launch_ring(Solo{}, std::false_type{});
+  launch_ring(Solo{});
   return true;
 }
 
