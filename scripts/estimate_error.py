@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Per-op estimate error from a trace written by `tandem run --stats --trace FILE`.
 
-Prints the median |estimated - actual| / actual over every timed op; the noise floor (the same
-with each op estimated by the median time of its own op and shape in this very trace: no model
-does better on this run); then per op name and phase (decode: one-token ops; prefill: the
+Prints the median |estimated - actual| / actual over every timed op; the same once per op of the
+decode graph, its time the median of its runs (one a token; the prefill, a run's first and cold
+pass, left out); the noise floor (the first line with each op estimated by the median time of its
+own op and shape in this very trace: no model does better on this run); then per op name and phase (decode: one-token ops; prefill: the
 rest), worst first, with the median estimated / actual (the direction) and how many of the
 group's ops are off by more than 15% (what moves the overall median).
 
@@ -49,6 +50,7 @@ def main():
     graphs = sorted((e for e in events if e.get("cat") == "graph"), key=lambda e: e["ts"])
     first_graph_end = graphs[0]["ts"] + graphs[0]["dur"] if graphs else float("inf")
     errors = []
+    per_node = defaultdict(list)  # (phase graph, node): [(estimated, actual)]
     groups = defaultdict(list)
     by_op_shape = defaultdict(list)
     missing = 0
@@ -64,6 +66,8 @@ def main():
             args = dict(args, estimated_us=estimates[args["node"]])
         err = abs(args["estimated_us"] - e["dur"]) / e["dur"]
         errors.append(err)
+        if "node" in args:
+            per_node[(e["ts"] < first_graph_end, args["node"])].append((args["estimated_us"], e["dur"]))
         shape = args.get("shape", [])
         by_op_shape[(e["name"], str(shape))].append(e["dur"])
         # Tokens are the last dim of rope's and attention's outputs, the second of the others';
@@ -77,6 +81,17 @@ def main():
     if missing:
         print(f"{missing} timed ops not in the plan")
     print(f"median |error| {100 * statistics.median(errors):.1f}% over {len(errors)} timed ops")
+    # Each op of the decode graphs once: its median estimate against the median of its runs (one
+    # a token). The first graph (the prefill) is left out: it is the run's first, cold pass.
+    node_errors = []
+    for (prefill, _), v in per_node.items():
+        if prefill:
+            continue
+        act = statistics.median(x[1] for x in v)
+        node_errors.append(abs(statistics.median(x[0] for x in v) - act) / act)
+    if node_errors:
+        print(f"decode ops, each the median of its runs: median |error| "
+              f"{100 * statistics.median(node_errors):.1f}% over {len(node_errors)} ops")
     medians = {k: statistics.median(v) for k, v in by_op_shape.items()}
     floor = [abs(medians[k] - d) / d for k, v in by_op_shape.items() for d in v]
     print(f"noise floor: {100 * statistics.median(floor):.1f}% (each op estimated by the median of "
