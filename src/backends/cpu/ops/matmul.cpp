@@ -77,7 +77,7 @@ void float_matmul_2d(const OpContext& ctx, DType dtype, const uint8_t* a, const 
 
 int64_t rows_per_task(int64_t M, int threads) {
   const int64_t per = (M + 4 * threads - 1) / (4 * threads);  // about 4 tasks per thread
-  return std::clamp((per + kTileRows - 1) / kTileRows * kTileRows, kMinTaskRows, kRowChunk);
+  return std::clamp((per + kTileRows - 1) / kTileRows * kTileRows, kMinTaskRows, kMaxTaskRows);
 }
 
 void split_output(ThreadPool& pool, int64_t M, int64_t N,

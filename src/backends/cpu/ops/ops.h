@@ -95,8 +95,13 @@ inline constexpr int64_t kColChunk = 64;
 
 // Rows per claimed task of a product split by rows: about four tasks per thread, so that a
 // thread that starts late or reads slower takes fewer, a multiple of kTileRows, at least
-// kMinTaskRows (below that the claims cost more than they balance) and at most kRowChunk.
+// kMinTaskRows (below that the claims cost more than they balance) and at most kMaxTaskRows.
+// A task's first tile is the one its kernels could not prefetch (the tile before it prefetched
+// the next task's rows, another thread's): with at most 64 rows a task, 4,096-wide Q4_0 / Q4_K
+// rows read 73-75% of copy with 2 threads, with 256 78-83%; with 16 threads (H100 host) the
+// matrix-vector products read -5 to +22% (most more), the 1B's CPU decode held (bench/NOTES.md).
 inline constexpr int64_t kMinTaskRows = 16;
+inline constexpr int64_t kMaxTaskRows = 256;
 int64_t rows_per_task(int64_t M, int threads);
 
 // Calls tile(m, rows, n, cols) for every kernel tile (kTileRows x kTileCols at most) of the
