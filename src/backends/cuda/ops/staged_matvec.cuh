@@ -277,8 +277,12 @@ __device__ __forceinline__ int part_of(const MatvecParts& parts, int r) {
 
 // Row split: CTA c of G takes rows_q + (c < rows_r) rows (rows_q = M / G, rows_r = M % G).
 // kNorm (one column): b is the RmsNorm of the residual stream, made here from the Add's inputs
-// (NormedB) instead of read from the norm's output.
-template <DType kType, int kCols, int kStages, bool kRegB, int kEarly, bool kNorm = false>
+// (NormedB) instead of read from the norm's output. kGlu (one column): gate and up, and their GLU
+// into glu. A template parameter: as a run-time argument its tests and tail were in every kernel,
+// which then used more registers (Q4_K 112 -> 117, Q6_K 115 -> 123) and read slower (Q4_K
+// 14336x4096 76.7-77.6 -> 72.9-73.3% of copy: the commit of the GLU, bisected on an H100).
+template <DType kType, int kCols, int kStages, bool kRegB, int kEarly, bool kNorm = false,
+          bool kGlu = false>
 __global__ __launch_bounds__(
     kStagedThreads,
     kStagedLaunchBlocks<kType, kCols, kStages>) void staged_matvec_kernel(MatvecParts parts,
@@ -338,14 +342,14 @@ __global__ __launch_bounds__(
   const int cta = int(blockIdx.x);
   const int row_begin = cta * rows_q + min(cta, rows_r);
   const int row_end = row_begin + rows_q + (cta < rows_r);
-  const int half_rows = glu ? parts.row_start[1] : 0;  // gate's M
+  const int half_rows = kGlu ? parts.row_start[1] : 0;  // gate's M
   // Where the tiles of a part stand: the next tile's first row, the end of the rows of this
   // part that are this CTA's, the part's first row, and the end of the CTA's current range.
   struct Cursor {
     int row, seg_end, part, part_begin, end;
   };
   auto next_rows = [&](Cursor& c) {  // rows of the tile at c, entering the next part if due
-    if (glu && c.row == c.end && c.end == row_end) {  // gate's rows done: up's same rows
+    if (kGlu && c.row == c.end && c.end == row_end) {  // gate's rows done: up's same rows
       c.row = c.seg_end = half_rows + row_begin;
       c.end = half_rows + row_end;
     }
@@ -663,7 +667,7 @@ __global__ __launch_bounds__(
   }
   if (filled > 0) flush();
   copy_async_wait<0>();  // no copy may outlive the CTA (the trailing groups are empty)
-  if (glu) {
+  if constexpr (kGlu) {
     __syncthreads();  // the flushes' row sums of both parts
     for (int r = row_begin + tid; r < row_end; r += threads) {
       const float g = parts.out[0][r];
@@ -733,6 +737,7 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs,
   if (glu && split_rows > int64_t(kLongTiles) * l.rows * ctas) return false;
   // b in registers: one column, and a thread's group of b the same in every tile.
   const bool reg_b = kCols == 1 && l.rows > 1;
+  if (glu && !reg_b) return false;  // the GLU's kernels keep b in registers
   // A normed b: every item of it held by the CTA's threads at once (two each), b in registers.
   if (norm && (kCols != 1 || !reg_b || b.ne[2] * b.ne[3] != 1 || K / 16 > 2 * int64_t(l.threads))) {
     return false;
@@ -754,6 +759,10 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs,
     constexpr int kStages = decltype(stages)::value;
     constexpr int kEarly = kPreIssue<kType, kCols, kStages>;
     if constexpr (kCols == 1) {
+      if (glu) {
+        return norm ? launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, true, true>)
+                    : launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, false, true>);
+      }
       if (norm) return launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, true>);
     }
     reg_b ? launch(staged_matvec_kernel<kType, kCols, kStages, kCols == 1, kEarly>)
