@@ -86,6 +86,14 @@ struct NormedB {
 // of both and writes their GLU too.
 bool launch_staged_matvec(const OpContext& ctx, std::span<const NodeExecution> execs,
                           const NormedB* norm = nullptr, float* glu = nullptr);
+// The same with the GLU where glu is given and the launch takes it, else without: how many nodes
+// ran (the products, plus the SwiGlu where its GLU was written), 0 where the staged kernel did not
+// take them.
+inline size_t launch_staged_products(const OpContext& ctx, std::span<const NodeExecution> execs,
+                                     const NormedB* norm, float* glu) {
+  if (glu && launch_staged_matvec(ctx, execs, norm, glu)) return execs.size() + 1;
+  return launch_staged_matvec(ctx, execs, norm) ? execs.size() : 0;
+}
 
 // The SwiGlu output where products[0] and products[1] (the first n products of one b) are gate
 // and up and products[2] the SwiGlu of their outputs (same shapes, f32, contiguous); else nullptr.

@@ -337,9 +337,10 @@ size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> se
   };
   if (const size_t n = count_same_b(segment, kMaxParts, is_matvec); n >= 2) {
     // Gate and up of one column and their SwiGlu: the GLU in the same launch.
-    float* glu = segment[0].inputs[1].desc->ne[1] == 1 ? swiglu_of(segment, n) : nullptr;
-    if (glu && launch_staged_matvec(ctx, segment.first(n), nullptr, glu)) return n + 1;
-    if (launch_staged_matvec(ctx, segment.first(n))) return n;
+    if (const size_t ran =
+            launch_staged_products(ctx, segment.first(n), nullptr, swiglu_of(segment, n))) {
+      return ran;
+    }
   }
   // K-quant matrices (2-D) of mixed dtypes (a Q4_K_M layer's Q4_K and Q6_K) multiplying the same
   // b, where the staged kernel does not take them: one quantization of b, fewer launches.
@@ -390,11 +391,8 @@ size_t run_fused_norm_matvecs(const OpContext& ctx, std::span<const NodeExecutio
   const std::span<const NodeExecution> products = segment.subspan(at + 1);
   const size_t n = count_same_b(products, kMaxParts, is_matvec);
   if (n == 0) return 0;
-  if (float* glu = swiglu_of(products, n);
-      glu && launch_staged_matvec(ctx, products.first(n), &in, glu)) {
-    return at + 1 + n + 1;
-  }
-  return launch_staged_matvec(ctx, products.first(n), &in) ? at + 1 + n : 0;
+  const size_t ran = launch_staged_products(ctx, products.first(n), &in, swiglu_of(products, n));
+  return ran > 0 ? at + 1 + ran : 0;
 }
 
 }  // namespace tandem::cuda
