@@ -4,9 +4,10 @@
 Prints the median |estimated - actual| / actual over every timed op; the same once per op of the
 decode graph, its time the median of its runs (one a token; the prefill, a run's first and cold
 pass, left out); the noise floor (the first line with each op estimated by the median time of its
-own op and shape in this very trace: no model does better on this run); then per op name and phase (decode: one-token ops; prefill: the
-rest), worst first, with the median estimated / actual (the direction) and how many of the
-group's ops are off by more than 15% (what moves the overall median).
+own op and shape in this very trace: no model does better on this run); then per op name and phase
+(decode: one-token ops; prefill: the rest), worst first, with the median estimated / actual (the
+direction) and how many of the group's ops are off by more than 15% (what moves the overall
+median).
 
 --plan PLAN.txt takes each op's estimate from `tandem plan --ops` output (the run's model, -p,
 -c, -t and --strategy, another --cost-profile) instead of the trace: the run's times held, the
@@ -50,7 +51,7 @@ def main():
     graphs = sorted((e for e in events if e.get("cat") == "graph"), key=lambda e: e["ts"])
     first_graph_end = graphs[0]["ts"] + graphs[0]["dur"] if graphs else float("inf")
     errors = []
-    per_node = defaultdict(list)  # (phase graph, node): [(estimated, actual)]
+    per_node = defaultdict(list)  # (in the prefill graph, node): [(estimated, actual)]
     groups = defaultdict(list)
     by_op_shape = defaultdict(list)
     missing = 0
@@ -67,7 +68,8 @@ def main():
         err = abs(args["estimated_us"] - e["dur"]) / e["dur"]
         errors.append(err)
         if "node" in args:
-            per_node[(e["ts"] < first_graph_end, args["node"])].append((args["estimated_us"], e["dur"]))
+            per_node[(e["ts"] < first_graph_end, args["node"])].append(
+                (args["estimated_us"], e["dur"]))
         shape = args.get("shape", [])
         by_op_shape[(e["name"], str(shape))].append(e["dur"])
         # Tokens are the last dim of rope's and attention's outputs, the second of the others';

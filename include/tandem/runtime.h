@@ -87,16 +87,16 @@ struct SessionOptions {
   // residency is planned again with them; every kHotReviewSteps more a layer's set is replaced
   // where the experts chosen most lately cover more of its choices by a margin
   // (Session::hot_experts; --hot-experts). The split is a trial: at the first review window
-  // whose decode steps take no less time (median) than those before the split, the Session
-  // undoes it and keeps whole layers (Session::hot_experts_outcome). Off by default until
+  // whose decode steps take no less time (median) than those before the split, the split is
+  // undone and whole layers kept (Session::hot_experts_outcome). Off by default until
   // measured ahead of whole layers.
   bool hot_experts = false;
   // Called as weights are uploaded to a device (bytes done, bytes of this upload in all).
   HybridExecutor::Progress load_progress;
   // Where warnings while loading go (a missing cost profile); nullptr: nowhere.
   std::ostream* log = nullptr;
-  // A pipeline across processes (pipeline.h), on rank 0: this Session runs the embedding and
-  // the first layers and leads the other ranks, which hold the rest; the layers split across
+  // A pipeline across processes (pipeline.h), on rank 0: the embedding and the first layers run
+  // here, and this rank leads the other ranks, which hold the rest; the layers split across
   // ranks by tensor_split (one proportion per rank), else evenly. One sequence only.
   std::shared_ptr<PipelineTransport> pipeline;
   // Only these layers (a pipeline rank's; the ranks' own sessions set it). A range that does
@@ -227,7 +227,7 @@ class Session {
   // next range or, where the range ends the model, the logits as eval() does.
   std::span<const float> eval_stage(std::span<const int32_t> tokens, int64_t start,
                                     std::span<const float> hidden, bool all_logits = false);
-  // The layers this Session runs ([0, n_layer) but in a pipeline).
+  // The layers run here ([0, n_layer) but in a pipeline).
   LayerRange layers() const { return layers_; }
   // From a fresh context: the prompt, then up to n_predict sampled tokens, each passed to
   // on_token as it comes. Stops at the end of generation or when the context is full.
@@ -276,7 +276,7 @@ class Session {
   const LoadedCostModel& costs() const { return costs_; }
   // Writes what was learned back to the cost profile (no-op without one or without learning).
   void save_learned();
-  // Every device failure this Session recovered from, oldest first.
+  // Every device failure recovered from, oldest first.
   const std::vector<Recovery>& recoveries() const { return recoveries_; }
   // The routers' choices counted so far (SessionOptions::routing_stats; empty without).
   const RoutingStats& routing() const { return routing_; }
@@ -284,7 +284,7 @@ class Session {
   // many experts were swapped into a set since the first split.
   std::vector<HotExpertLayer> hot_experts() const;
   int64_t hot_expert_changes() const { return hot_changes_; }
-  // Whether this Session splits hot experts (SessionOptions::hot_experts where it applies; false
+  // Whether hot experts are split (SessionOptions::hot_experts where it applies; false
   // again once a trial undid the split).
   bool hot_experts_enabled() const { return hot_enabled_; }
   // What the last review of the split decided (SessionOptions::hot_experts): empty before the
@@ -426,7 +426,7 @@ class Session {
   HybridExecutor::Progress load_progress_;
   int64_t tokens_evaluated_ = 0;
   int64_t tokens_generated_ = 0;
-  LayerRange layers_;                         // the layers this Session runs
+  LayerRange layers_;                         // the layers run here
   std::span<const float> hidden_in_;          // eval_stage's input, bound for its step only
   std::shared_ptr<PipelineLeader> pipeline_;  // rank 0 of a pipeline
   std::vector<float> stage_out_;              // rank 0's hidden state, for the next rank

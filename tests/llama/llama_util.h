@@ -1,4 +1,4 @@
-// What the llama and MoE tests share: the normalized squared error of logits, a Session's
+// What the llama and MoE tests share: the normalized squared error of logits, the runtime's
 // options over a synthetic file.
 #pragma once
 

@@ -241,7 +241,7 @@ TEST(MoeHotExperts, TheSetsFollowTheRoutingAndTheLogitsStay) {
 // The split is a trial: where decode's steps after it take longer than those before it (here
 // the split layers' products sleep), the next review undoes it. The sets are gone,
 // nothing of the hot experts is resident or bound, the residency plan
-// is a Session's without hot experts, and every step's logits stay the reference's.
+// is the one without hot experts, and every step's logits stay the reference's.
 TEST(MoeHotExperts, ASplitThatSlowsDecodeIsUndone) {
   ExpertHeavy m;
   const auto [dense, experts_per_layer] = dense_and_layer_experts(m.path);
