@@ -207,11 +207,14 @@ BENCHMARK(BM_CopyDeviceToDevice)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
-// The weight dtype a benchmark argument names: 4 Q4_0, 8 Q8_0, 40 Q4_K, 50 Q5_K, 60 Q6_K.
+// The weight dtype a benchmark argument names: 4 Q4_0, 8 Q8_0, 40 Q4_K, 50 Q5_K, 60 Q6_K,
+// 16 F16.
 DType matvec_dtype(int64_t code) {
   switch (code) {
     case 4:
       return DType::Q4_0;
+    case 16:
+      return DType::F16;
     case 40:
       return DType::Q4_K;
     case 50:
@@ -257,6 +260,10 @@ BENCHMARK(BM_QuantizedMatvec)
     ->Args({14336, 4096, 1, 50})
     ->Args({4096, 14336, 1, 60})
     ->Args({14336, 4096, 1, 60})
+    // Llama-3.2-1B's f16 products of one token: o, gate (or up), down.
+    ->Args({2048, 2048, 1, 16})
+    ->Args({2048, 8192, 1, 16})
+    ->Args({8192, 2048, 1, 16})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -2,6 +2,7 @@
 // (f32 accumulation); f32 weights use TF32 tensor cores. Matrix-vector products of f32, f16 and
 // bf16 weights (decode: 1 to kMatvecMaxColumns columns) take a streaming kernel of their own
 // ("half" below for all three: it was written for the 16-bit types; f32 rows take two loads).
+#include <algorithm>
 #include <climits>
 
 #include "common.cuh"
@@ -17,15 +18,12 @@ cudaDataType_t cuda_type(DType d) {
   return d == DType::F16 ? CUDA_R_16F : d == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
-// One warp per weight row: each lane takes 8 consecutive weights (one 16-byte load) of every
-// 256, kHalfSteps such loads in flight before any is used, against f32 b (no conversion launch;
-// f32 products, more exact than the tensor-core path). A programmatic dependent: the first loads
-// of weights (which no kernel writes) go out before the wait for the kernel that wrote b. Its
-// dependents are released as it exits (the output projection runs many waves of blocks).
-// Products of the same b that follow each other run as one launch (Q, K and V); gate and up
-// followed by the SwiGLU of their outputs run as one launch whose warps take row r of both
-// matrices and write the two products and silu(gate) * up (the SwiGlu node's output).
-constexpr int kHalfWarps = 4;
+// Each lane takes 8 consecutive weights (one 16-byte load) of every 256 of a row, against f32 b
+// (no conversion launch; f32 products, more exact than the tensor-core path). Products of the
+// same b that follow each other run as one launch (Q, K and V); gate and up followed by the
+// SwiGLU of their outputs run as one launch whose warps take row r of both matrices and write
+// the two products and silu(gate) * up (the SwiGlu node's output). half_matvec_kernel below says
+// how the rows are shared out.
 constexpr int kHalfSteps = 8;
 constexpr int64_t kHalfChunk = 256;  // elements of a row one warp load covers
 constexpr int kMaxHalfParts = 3;
@@ -66,54 +64,6 @@ __device__ __forceinline__ void weights8_to_f32(const uint4 (&w)[kVecs<kType>], 
   }
 }
 
-// acc[r][c] = this lane's share of row r (of kRows, K weights from rows[r]) times column c of b
-// (K values from b + c * b_stride).
-template <DType kType, int kCols, int kRows>
-__device__ __forceinline__ void half_rows_dot(const uint4* const (&rows)[kRows], int64_t K,
-                                              const float* b, int64_t b_stride,
-                                              float (&acc)[kRows][kCols]) {
-  const int lane = threadIdx.x % 32;
-  const int64_t chunks = K / kHalfChunk;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
-  constexpr int kV = kVecs<kType>;
-  for (int64_t c0 = 0; c0 < chunks; c0 += kSteps<kType>) {
-    uint4 w[kRows][kSteps<kType>][kV];
-#pragma unroll
-    for (int t = 0; t < kSteps<kType>; ++t)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int v = 0; v < kV; ++v) {
-          if (c0 + t < chunks) w[r][t][v] = __ldcs(rows[r] + ((c0 + t) * 32 + lane) * kV + v);
-        }
-    if (c0 == 0) grid_dependency_wait();  // b is written by the preceding kernel
-#pragma unroll
-    for (int t = 0; t < kSteps<kType>; ++t) {
-      if (c0 + t >= chunks) break;
-      const int64_t k = (c0 + t) * kHalfChunk + 8 * lane;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        float x[8];
-        weights8_to_f32<kType>(w[r][t], x);
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) {
-          const float4 b0 = *reinterpret_cast<const float4*>(b + c * b_stride + k);
-          const float4 b1 = *reinterpret_cast<const float4*>(b + c * b_stride + k + 4);
-          acc[r][c] += x[0] * b0.x + x[1] * b0.y + x[2] * b0.z + x[3] * b0.w + x[4] * b1.x +
-                       x[5] * b1.y + x[6] * b1.z + x[7] * b1.w;
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) acc[r][c] = warp_sum(acc[r][c]);
-}
-
 // Up to kMaxHalfParts matrices multiplying the same b: rows [row_start[p], row_start[p + 1]) of
 // the grid are part p's; out[p] is [M_p, kCols].
 struct HalfParts {
@@ -123,72 +73,148 @@ struct HalfParts {
   int row_start[kMaxHalfParts + 1];
 };
 
-// kSplit warps share a row, each taking K / kSplit of it (long rows: the down projection's 8192
-// are four passes of kHalfSteps loads for one warp, each waiting for the last; split, each warp
-// has one pass in flight); they add their sums through shared memory in a fixed order.
-template <DType kType, int kCols, int kSplit>
-__global__ __launch_bounds__(kHalfWarps *
-                             32) void half_matvec_kernel(const __grid_constant__ HalfParts parts,
-                                                         int n_parts, int64_t K, const float* b) {
-  static_assert(kHalfWarps % kSplit == 0, "a block holds whole rows");
-  const int warp = threadIdx.x / 32, slice = warp % kSplit;
-  const int r = blockIdx.x * (kHalfWarps / kSplit) + warp / kSplit;
-  const bool live = r < parts.row_start[n_parts];
-  if (kSplit == 1 && !live) return;
-  int p = 0;
-#pragma unroll
-  for (int k = 1; k < kMaxHalfParts; ++k) p += k < n_parts && r >= parts.row_start[k];
-  const int row = r - parts.row_start[p], M = parts.row_start[p + 1] - parts.row_start[p];
+// Persistent CTAs of kHalfWarps warps, as many as the SMs hold at once (2 or 3 a SM, by their
+// registers): CTA g takes the row groups g, g + gridDim.x, ... of kHalfWarps / kSplit rows.
+// kSplit warps share a row (long rows: K of 8,192 is four passes of kHalfSteps loads for one
+// warp), each K / kSplit of it, and add their sums through shared memory in a fixed order. A
+// warp walks its rows in passes of kS chunks and issues the next pass's loads before it
+// multiplies the current one. This replaced a grid of 4-warp blocks whose warps each took one
+// row and exited: 1B F16 products of one token, in a graph of 8 (H100, bench/NOTES.md), o 5.5 ->
+// 4.8 us, gate 16.4 -> 13.2, down 15.7 -> 13.1 (86% of copy); tg128 +3%. A lane adds its chunks
+// in the same order as before: the same sums, bit for bit. kPair 2 takes row r of parts 0 and 1
+// (gate and up) and writes their GLU, with half the chunks a pass (two rows' loads in flight).
+// A programmatic dependent: the first loads of weights (which no kernel writes) go out before
+// the wait for the kernel that wrote b, and it releases its dependents after that wait.
+constexpr int kHalfWarps = 8;
+template <DType kType, int kCols, int kPair, int kSplit>
+__global__ __launch_bounds__(kHalfWarps * 32) void half_matvec_kernel(
+    const __grid_constant__ HalfParts parts, int n_parts, int64_t K, const float* b, float* glu) {
+  static_assert(kHalfWarps % kSplit == 0 && (kPair == 1 || kSplit == 1), "whole rows a CTA");
+  constexpr int kV = kVecs<kType>;
+  constexpr int kS = kSteps<kType> / kPair;  // a pair's two rows keep the bytes in flight
+  constexpr int kRowsPerCta = kHalfWarps / kSplit;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, slice = warp % kSplit;
+  const int total = kPair == 2 ? parts.row_start[1] : parts.row_start[n_parts];
+  const int groups = (total + kRowsPerCta - 1) / kRowsPerCta;
   const int64_t part_k = K / kSplit;
-  float acc[1][kCols];
-  if (live) {
-    const uint8_t* a =
-        parts.a[p] + row * parts.row_stride[p] + slice * part_k * (kType == DType::F32 ? 4 : 2);
-    const uint4* const rows[1] = {reinterpret_cast<const uint4*>(a)};
-    half_rows_dot<kType, kCols, 1>(rows, part_k, b + slice * part_k, K, acc);
-  }
-  if constexpr (kSplit > 1) {
-    __shared__ float partial[kHalfWarps][kCols];
-    if (live && threadIdx.x % 32 == 0) {
+  const int64_t chunks = part_k / kHalfChunk;
+  const int passes = int((chunks + kS - 1) / kS);
+  const int elem = kType == DType::F32 ? 4 : 2;
+  auto part_of = [&](int r) {
+    int p = 0;
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) partial[warp][c] = acc[0][c];
+    for (int k = 1; k < kMaxHalfParts; ++k) p += k < n_parts && r >= parts.row_start[k];
+    return p;
+  };
+  auto row_of = [&](int g) { return g * kRowsPerCta + warp / kSplit; };
+  auto load = [&](uint4(&dst)[kPair][kS][kV], int r, int ps) {
+#pragma unroll
+    for (int q = 0; q < kPair; ++q) {
+      const int p = kPair == 2 ? q : part_of(r);
+      const int row = kPair == 2 ? r : r - parts.row_start[p];
+      const auto* base =
+          reinterpret_cast<const uint4*>(parts.a[p] + row * parts.row_stride[p] +
+                                         (slice * part_k + int64_t(ps) * kS * kHalfChunk) * elem);
+#pragma unroll
+      for (int t = 0; t < kS; ++t)
+#pragma unroll
+        for (int v = 0; v < kV; ++v) {
+          if (int64_t(ps) * kS + t < chunks) dst[q][t][v] = __ldcs(base + (t * 32 + lane) * kV + v);
+        }
     }
-    __syncthreads();
-    if (!live || slice != 0) return;
+  };
+  int g = blockIdx.x, ps = 0;
+  uint4 w[kPair][kS][kV];
+  if (g < groups && row_of(g) < total) load(w, row_of(g), 0);
+  grid_dependency_wait();  // b is written by the preceding kernel
+  grid_launch_dependents();
+  float acc[kPair][kCols];
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      for (int s = 1; s < kSplit; ++s) acc[0][c] += partial[warp + s][c];
+  for (int q = 0; q < kPair; ++q)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[q][c] = 0.0f;
+  __shared__ float partial[kSplit > 1 ? kHalfWarps : 1][kCols];
+  while (g < groups) {  // the same trips for every warp of the CTA (its barriers)
+    const int r = row_of(g);
+    const bool live = r < total;
+    int ng = g, nps = ps + 1;
+    if (nps == passes) ng += gridDim.x, nps = 0;
+    uint4 wn[kPair][kS][kV];
+    if (ng < groups && row_of(ng) < total) load(wn, row_of(ng), nps);
+    if (live) {
+#pragma unroll
+      for (int t = 0; t < kS; ++t) {
+        if (int64_t(ps) * kS + t >= chunks) break;
+        const int64_t k = slice * part_k + (int64_t(ps) * kS + t) * kHalfChunk + 8 * lane;
+#pragma unroll
+        for (int q = 0; q < kPair; ++q) {
+          float x[8];
+          weights8_to_f32<kType>(w[q][t], x);
+#pragma unroll
+          for (int c = 0; c < kCols; ++c) {
+            const float4 b0 = *reinterpret_cast<const float4*>(b + c * K + k);
+            const float4 b1 = *reinterpret_cast<const float4*>(b + c * K + k + 4);
+            acc[q][c] += x[0] * b0.x + x[1] * b0.y + x[2] * b0.z + x[3] * b0.w + x[4] * b1.x +
+                         x[5] * b1.y + x[6] * b1.z + x[7] * b1.w;
+          }
+        }
+      }
     }
-  }
-  if (threadIdx.x % 32 == 0) {
+    if (nps == 0) {  // row r done
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) parts.out[p][int64_t(c) * M + row] = acc[0][c];
+      for (int q = 0; q < kPair; ++q)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) acc[q][c] = warp_sum(acc[q][c]);
+      if constexpr (kSplit > 1) {
+        if (live && lane == 0) {
+#pragma unroll
+          for (int c = 0; c < kCols; ++c) partial[warp][c] = acc[0][c];
+        }
+        __syncthreads();
+        if (slice == 0) {
+#pragma unroll
+          for (int c = 0; c < kCols; ++c) {
+            for (int s = 1; s < kSplit; ++s) acc[0][c] += partial[warp + s][c];
+          }
+        }
+        __syncthreads();  // partial is written again for the next row
+      }
+      if (live && slice == 0 && lane == 0) {
+        const int p = kPair == 2 ? 0 : part_of(r);
+        const int row = r - parts.row_start[p];
+        const int M = parts.row_start[p + 1] - parts.row_start[p];
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          const int64_t i = int64_t(c) * M + row;
+          parts.out[p][i] = acc[0][c];
+          if constexpr (kPair == 2) {
+            const float gv = acc[0][c], u = acc[1][c];
+            parts.out[1][i] = u;
+            glu[i] = gv / (1.0f + expf(-gv)) * u;
+          }
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kPair; ++q)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) acc[q][c] = 0.0f;
+    }
+#pragma unroll
+    for (int q = 0; q < kPair; ++q)
+#pragma unroll
+      for (int t = 0; t < kS; ++t)
+#pragma unroll
+        for (int v = 0; v < kV; ++v) w[q][t][v] = wn[q][t][v];
+    g = ng, ps = nps;
   }
 }
 
-// Gate (part 0) and up (part 1), M rows each, and glu = silu(gate) * up, as SwiGlu computes it.
-template <DType kType, int kCols>
-__global__ __launch_bounds__(kHalfWarps *
-                             32) void half_gate_up_kernel(const __grid_constant__ HalfParts parts,
-                                                          int64_t K, const float* b, float* glu) {
-  const int row = blockIdx.x * kHalfWarps + threadIdx.x / 32;
-  const int M = parts.row_start[1];
-  if (row >= M) return;
-  const uint4* const rows[2] = {
-      reinterpret_cast<const uint4*>(parts.a[0] + row * parts.row_stride[0]),
-      reinterpret_cast<const uint4*>(parts.a[1] + row * parts.row_stride[1])};
-  float acc[2][kCols];
-  half_rows_dot<kType, kCols, 2>(rows, K, b, K, acc);
-  if (threadIdx.x % 32 == 0) {
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      const int64_t i = int64_t(c) * M + row;
-      const float g = acc[0][c], u = acc[1][c];
-      parts.out[0][i] = g;
-      parts.out[1][i] = u;
-      glu[i] = g / (1.0f + expf(-g)) * u;
-    }
-  }
+// CTAs of `kernel` one SM holds at once (its registers decide: 2 or 3 of 8 warps).
+template <typename Kernel>
+int resident_ctas(Kernel kernel) {
+  int n = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kHalfWarps * 32, 0);
+  return std::max(n, 1);
 }
 
 // The streaming kernel covers one 2-D weight matrix of contiguous, 16-byte aligned rows, K a
@@ -233,21 +259,20 @@ void launch_half_matvec(const OpContext& ctx, std::span<const NodeExecution> exe
   const int64_t chunks = a.ne[0] / kHalfChunk;
   auto splits = [&](int s) { return chunks % s == 0 && chunks >= s * kHalfSteps; };
   const int split = glu ? 1 : splits(4) ? 4 : splits(2) ? 2 : 1;
-  const int per_block = kHalfWarps / split;
-  const dim3 grid(unsigned((rows + per_block - 1) / per_block));
+  const int64_t groups = (rows + kHalfWarps / split - 1) / (kHalfWarps / split);
   const auto* bp = static_cast<const float*>(execs[0].inputs[1].data);
   auto launch = [&](auto type, auto cols) {
     constexpr DType kType = decltype(type)::value;
     auto matvec = [&](auto kernel) {
+      const dim3 grid(
+          unsigned(std::min<int64_t>(groups, int64_t(ctx.sm_count) * resident_ctas(kernel))));
       return launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0, kernel, parts, n,
-                                 int64_t(a.ne[0]), bp);
+                                 int64_t(a.ne[0]), bp, glu);
     };
-    const cudaError_t err = glu ? launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0,
-                                                      half_gate_up_kernel<kType, cols()>, parts,
-                                                      int64_t(a.ne[0]), bp, glu)
-                            : split == 4 ? matvec(half_matvec_kernel<kType, cols(), 4>)
-                            : split == 2 ? matvec(half_matvec_kernel<kType, cols(), 2>)
-                                         : matvec(half_matvec_kernel<kType, cols(), 1>);
+    const cudaError_t err = glu          ? matvec(half_matvec_kernel<kType, cols(), 2, 1>)
+                            : split == 4 ? matvec(half_matvec_kernel<kType, cols(), 1, 4>)
+                            : split == 2 ? matvec(half_matvec_kernel<kType, cols(), 1, 2>)
+                                         : matvec(half_matvec_kernel<kType, cols(), 1, 1>);
     ctx.check(err, "matmul", "kernel launch");
   };
   with_columns(b.ne[1], [&](auto cols) {
