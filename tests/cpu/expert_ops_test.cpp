@@ -51,7 +51,8 @@ std::vector<std::vector<uint8_t>> expect_groups_match(
     CpuBackend& cpu, const Graph& g, const ExpertNodes& nodes,
     const std::vector<std::vector<uint8_t>>& data, bool in_place,
     const std::function<void(const OpContext&, std::vector<NodeExecution>)>& apart) {
-  const auto [gate, up, s, down, out] = nodes;
+  // Named copies, not a structured binding: clang before 16 cannot capture one in a lambda.
+  const TensorId gate = nodes[0], s = nodes[2], down = nodes[3], out = nodes[4];
   auto run = [&](int how) {  // 0: segment, 1: node by node, 2: reference
     std::vector<std::vector<uint8_t>> outs;
     for (TensorId y : nodes) outs.emplace_back(g.tensor(y).bytes(), uint8_t(0xff));

@@ -355,7 +355,8 @@ TEST(Calibration, CorruptProfileIsRefusedNamingTheFile) {
        "\"profile\": {}}]}",
        "lacks"},
   };
-  for (const auto& [text, why] : cases) {
+  for (const auto& [text_, why] : cases) {
+    const std::string& text = text_;  // a lambda captures this name (clang before 16: no binding)
     const std::string msg = error_of([&] { cost_profile_from_json(text, "/cache/p.json"); });
     EXPECT_NE(msg.find("/cache/p.json"), std::string::npos) << msg;
     EXPECT_NE(msg.find(why), std::string::npos) << msg;
@@ -539,7 +540,7 @@ TEST(Calibration, DecodeLayerRunsItsPassesAndTimesAttentionOverItsWholeCache) {
   for (const auto& [passes, want] :
        {std::pair{detail::DecodeLayerPasses{2, 6, 0.0}, 2}, {{2, 6, 86400e6}, 6}}) {
     auto b = test::make_cpu("cpu");
-    SplitMix64 rng(7);
+    SplitMix64 rng{7};
     detail::CalibrationSpent spent;
     int lead_ins = 0;
     const auto samples = detail::measure_decode_layer(
@@ -573,7 +574,7 @@ TEST(Calibration, DecodeLayerWarmsUpForItsWarmUpTimeBeforeItTimes) {
   constexpr int kLayerOps = 17;
   constexpr double kWarmUp = 0.2;
   auto b = test::make_cpu("cpu");
-  SplitMix64 rng(7);
+  SplitMix64 rng{7};
   detail::CalibrationSpent spent;
   std::vector<std::chrono::steady_clock::time_point> lead_ins;  // one per pass
   const auto before = std::chrono::steady_clock::now();
@@ -642,7 +643,7 @@ TEST(Calibration, DecodeLayerOpsWriteMemoryEarlierOpsUsedAsTheExecutorLaysItOut)
   // still reads. (With a buffer per op, last written a pass earlier, its one-token RoPE, add and
   // SwiGLU timed slower than in a run: bench/NOTES.md, 2026-11-27.)
   RecordingBackend b(ReferenceBackend::reference_capabilities());
-  SplitMix64 rng(7);
+  SplitMix64 rng{7};
   detail::CalibrationSpent spent;
   const auto samples = detail::measure_decode_layer(
       b, {64, 4, 2, 16, 128}, {1, 1, 0.0}, [] {}, rng, spent);

@@ -26,7 +26,7 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& want
 }
 
 float round_f16(float x) {
-  return float(static_cast<_Float16>(x));  // the compiler's conversion, not ours
+  return test::oracle_f16_to_f32(test::oracle_f32_to_f16(x));  // not our conversion
 }
 
 class ReferenceF64 : public ::testing::Test {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -17,6 +18,48 @@
 #include "tandem/graph.h"
 
 namespace tandem::test {
+
+// IEEE half conversions that do not share f32_to_f16's or f16_to_f32's code: the compiler's
+// _Float16 where it has one, else (clang before 15 on x86) arithmetic in double. Rounding to
+// nearest, ties to even; NaN stays NaN.
+inline uint16_t oracle_f32_to_f16(float f) {
+#if defined(__FLT16_MAX__)
+  const auto h = static_cast<_Float16>(f);
+  uint16_t u;
+  std::memcpy(&u, &h, 2);
+  return u;
+#else
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  if (std::isnan(f)) return uint16_t(sign | 0x7e00);
+  const double a = std::fabs(double(f));
+  if (a >= 65520.0) return uint16_t(sign | 0x7c00);  // at or past the midpoint to 2^16
+  if (a == 0.0) return sign;
+  int e = 0;
+  std::frexp(a, &e);                      // a = m 2^e, m in [0.5, 1)
+  const int ulp = std::max(e - 11, -24);  // a half's unit in the last place there
+  const double units = std::nearbyint(std::ldexp(a, -ulp));  // exact; ties to even
+  const double v = std::ldexp(units, ulp);                   // the rounded value
+  if (v == 0.0) return sign;
+  std::frexp(v, &e);
+  const int biased = e + 14;  // the half's exponent field
+  if (biased <= 0) return uint16_t(sign | uint16_t(std::ldexp(v, 24)));  // subnormal
+  const double mantissa = std::ldexp(v, 11 - e) - 1024.0;                // 10 bits, exact
+  return uint16_t(sign | (biased << 10) | uint16_t(mantissa));
+#endif
+}
+inline float oracle_f16_to_f32(uint16_t h) {
+#if defined(__FLT16_MAX__)
+  _Float16 v;
+  std::memcpy(&v, &h, 2);
+  return float(v);
+#else
+  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (exponent == 31) return float(mantissa ? std::nan("") : sign * INFINITY);
+  if (exponent == 0) return float(sign * std::ldexp(double(mantissa), -24));
+  return float(sign * std::ldexp(double(1024 + mantissa), exponent - 25));
+#endif
+}
 
 // Host storage for every storage tensor of a graph; views and aliases point into it.
 class HostRun {
