@@ -14,24 +14,21 @@
 
 namespace tandem::detail {
 
-namespace {
-// The layer's token sits at the last position of its KV caches: attention reads every key, as
-// its estimate (the planning bound) assumes of a cache this long.
-constexpr int64_t kDecodeLayerCache = kFirstPosition + 1;
-}  // namespace
-
 std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const DecodeLayerShape& d,
                                                              const DecodeLayerPasses& passes,
                                                              const std::function<void()>& lead_in,
                                                              SplitMix64& rng,
                                                              CalibrationSpent& spent) {
   using Clock = std::chrono::steady_clock;
+  // The layer's token sits at the last position of its KV caches: attention reads every key, as
+  // its estimate (the planning bound) assumes of a cache this long.
+  const int64_t cache = d.cache;
   Graph g;
   const int64_t q_rows = d.heads * d.head_dim, kv_rows = d.kv_heads * d.head_dim;
   TensorId x = g.input("x", DType::F32, {d.embd, 1});
   TensorId pos = g.input("pos", DType::I32, {1});
-  TensorId kc = g.kv_cache("k", DType::F16, {d.head_dim, d.kv_heads, kDecodeLayerCache});
-  TensorId vc = g.kv_cache("v", DType::F16, {d.head_dim, d.kv_heads, kDecodeLayerCache});
+  TensorId kc = g.kv_cache("k", DType::F16, {d.head_dim, d.kv_heads, cache});
+  TensorId vc = g.kv_cache("v", DType::F16, {d.head_dim, d.kv_heads, cache});
   auto weight = [&](const char* name, int64_t k, int64_t m) {
     return g.weight(name, DType::Q4_0, {k, m});
   };
@@ -77,7 +74,7 @@ std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const D
         slots.push_back({0, t.bytes(), int(n.id), std::max(int(n.id), last[size_t(n.id)]), 0});
         continue;
       }
-      buffers[n.id] = buffer_with_data(b, t, kFirstPosition + 1, 0, rng);
+      buffers[n.id] = buffer_with_data(b, t, cache, 0, rng);
       if ((n.op == OpKind::Weight && dtype_traits(t.dtype).is_quantized) || n.op == OpKind::KvCache)
         flushed.push_back(n.id);
     }
@@ -154,6 +151,7 @@ std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const D
   std::vector<std::pair<OpKey, OpSample>> samples;
   for (auto& [what, t] : pooled) {
     const auto& [key, flops, bytes] = what;
+    if (d.attention_only && key.op != OpKind::Attention) continue;
     samples.push_back({key, OpSample{flops, bytes, median(std::move(t))}});
   }
   return samples;

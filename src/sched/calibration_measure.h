@@ -36,9 +36,12 @@ inline double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// The dimensions of a LLaMA layer.
+// The dimensions of a LLaMA layer, the length of its KV caches (its token at the last position:
+// attention reads every key) and whether only its attention's samples are wanted.
 struct DecodeLayerShape {
   int64_t embd, heads, kv_heads, head_dim, ffn;
+  int64_t cache = kFirstPosition + 1;
+  bool attention_only = false;
 };
 
 // Timed passes of the decode layer: at least `min`, then up to `max` while the timed runs took

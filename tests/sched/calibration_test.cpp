@@ -566,6 +566,28 @@ TEST(Calibration, DecodeLayerRunsItsPassesAndTimesAttentionOverItsWholeCache) {
   }
 }
 
+TEST(Calibration, DecodeLayerAtAnotherCacheLengthGivesItsAttentionAlone) {
+  // attention_only: the layer runs whole (its attention meets what it meets in a model) and
+  // returns one sample, its attention's, over every key of the longer cache.
+  detail::DecodeLayerShape tiny{64, 4, 2, 16, 128};
+  tiny.cache = 32;
+  tiny.attention_only = true;
+  auto b = test::make_cpu("cpu");
+  SplitMix64 rng{7};
+  detail::CalibrationSpent spent;
+  const auto samples = detail::measure_decode_layer(
+      *b, tiny, detail::DecodeLayerPasses{2, 2, 0.0}, [] {}, rng, spent);
+  EXPECT_EQ(b->executed, 3 * 17);
+  Graph g;
+  TensorId a =
+      g.attention(g.input("q", DType::F32, {16, 4, 1}), g.kv_cache("k", DType::F16, {16, 2, 32}),
+                  g.kv_cache("v", DType::F16, {16, 2, 32}), g.input("pos", DType::I32, {1}), 0.25f);
+  ASSERT_EQ(samples.size(), 1u);
+  EXPECT_EQ(samples[0].first, op_key(g, g.node(a)));
+  EXPECT_EQ(samples[0].second.flops, op_work(g, g.node(a)).flops);
+  EXPECT_EQ(samples[0].second.bytes, op_work(g, g.node(a)).bytes);
+}
+
 TEST(Calibration, DecodeLayerWarmsUpForItsWarmUpTimeBeforeItTimes) {
   // Untimed passes until warm_up_s has passed (the first layer of a calibration: the first
   // ~0.2 s of memory-bound work after the process stood idle ran slow), then the timed ones.
