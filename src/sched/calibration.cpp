@@ -332,18 +332,14 @@ class Calibrator {
     profile_.learned.clear();
     measure_launch();
     if (b_.kind() == BackendKind::Cpu && b_.host_accessible()) {
-      // LLaMA 3.2 1B's and 3.1 8B's layers. The first warms up for kFirstLayerWarmUpSeconds:
-      // the first ~0.2 s of memory-bound work after the process stood idle ran slow. On a
-      // 2-core VM the first layer timed (15 passes, ~0.2 s) read every product 1.5-1.9x its
-      // run time in 7 of 12 calibrations, in every pass, and the same layer timed again on the
-      // same buffers right after read them as a run does in 24 of 24 (50 ms of lead-ins first
-      // left 1 of 8 slow); those calibrations' 1B estimates missed by a median 40-51% instead
-      // of 13-17% (bench/NOTES.md).
+      // LLaMA 3.2 1B's and 3.1 8B's layers, then the 1B's over 32 cache positions for its
+      // attention alone (DecodeLayerShape). The first warms up for kFirstLayerWarmUpSeconds (the
+      // first ~0.2 s of memory-bound work after the process stood idle ran slow): on a 2-core VM
+      // the first layer timed (15 passes) read every product 1.5-1.9x its run time in 7 of 12
+      // calibrations, and the same layer timed again right after read them as a run does in 24
+      // of 24; those calibrations' 1B estimates missed by 40-51% instead of 13-17% (NOTES).
       detail::DecodeLayerPasses passes = budget_.layer_passes;
       passes.warm_up_s = kFirstLayerWarmUpSeconds;
-      // The 1B's layer again with a cache of 32 for its attention alone: the lone 32-key sample
-      // (caches flushed, but outside a layer) read 16 us where a run's attention over 33-48 keys
-      // took 22-31, so the estimates between them came out 1.4-1.7x short (bench/NOTES.md).
       for (const detail::DecodeLayerShape& d :
            {detail::DecodeLayerShape{2048, 32, 8, 64, 8192},
             detail::DecodeLayerShape{4096, 32, 8, 128, 14336},

@@ -37,7 +37,10 @@ inline double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 
 // The dimensions of a LLaMA layer, the length of its KV caches (its token at the last position:
-// attention reads every key) and whether only its attention's samples are wanted.
+// attention reads every key) and whether only its attention's samples are wanted: the 1B's
+// attention over 32 keys timed alone (caches flushed, but outside a layer) read 16 us where a
+// run's over 33-48 keys took 22-31, and the estimates between them came out 1.4-1.7x short
+// (bench/NOTES.md); timed in a layer, its sample replaces the lone one.
 struct DecodeLayerShape {
   int64_t embd, heads, kv_heads, head_dim, ffn;
   int64_t cache = kFirstPosition + 1;

@@ -1,0 +1,194 @@
+// Calibration's decode layer (src/sched/calibration_decode.cpp) on reference kernels: its passes
+// and warm-up, attention over the whole cache, a second cache length for attention alone, and an
+// arena laid out as the executor lays out a run's.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <span>
+#include <vector>
+
+#include "calibration_measure.h"
+#include "reference_backend.h"
+#include "tandem/calibration.h"
+#include "test_backends.h"
+
+namespace tandem {
+namespace {
+
+TEST(Calibration, DecodeLayerRunsItsPassesAndTimesAttentionOverItsWholeCache) {
+  // A small layer on reference kernels. Its 17 ops run once to warm up, then `min` passes, then
+  // more up to `max` while the timed runs stay under `max_us`: 0 us stops at `min`, a day runs
+  // to `max`.
+  const detail::DecodeLayerShape tiny{64, 4, 2, 16, 128};
+  constexpr int kLayerOps = 17;
+  for (const auto& [passes, want] :
+       {std::pair{detail::DecodeLayerPasses{2, 6, 0.0}, 2}, {{2, 6, 86400e6}, 6}}) {
+    auto b = test::make_cpu("cpu");
+    SplitMix64 rng{7};
+    detail::CalibrationSpent spent;
+    int lead_ins = 0;
+    const auto samples = detail::measure_decode_layer(
+        *b, tiny, passes, [&] { ++lead_ins; }, rng, spent);
+    EXPECT_EQ(b->executed, (want + 1) * kLayerOps) << passes.max_us;
+    EXPECT_EQ(lead_ins, want + 1);
+    // Attention's sample reads every key of the layer's cache: the token sits at its last
+    // position, the planning bound the estimate assumes.
+    Graph g;
+    TensorId q = g.input("q", DType::F32, {16, 4, 1});
+    const int64_t cache = detail::kFirstPosition + 1;
+    TensorId kc = g.kv_cache("k", DType::F16, {16, 2, cache});
+    TensorId vc = g.kv_cache("v", DType::F16, {16, 2, cache});
+    TensorId a = g.attention(q, kc, vc, g.input("pos", DType::I32, {1}), 0.25f);
+    const OpKey key = op_key(g, g.node(a));
+    const OpWork w = op_work(g, g.node(a));
+    EXPECT_EQ(std::count_if(samples.begin(), samples.end(),
+                            [&](const auto& s) {
+                              return s.first == key && s.second.flops == w.flops &&
+                                     s.second.bytes == w.bytes && s.second.us > 0.0;
+                            }),
+              1);
+  }
+}
+
+TEST(Calibration, DecodeLayerAtAnotherCacheLengthGivesItsAttentionAlone) {
+  // attention_only: the layer runs whole (its attention meets what it meets in a model) and
+  // returns one sample, its attention's, over every key of the longer cache.
+  detail::DecodeLayerShape tiny{64, 4, 2, 16, 128};
+  tiny.cache = 32;
+  tiny.attention_only = true;
+  auto b = test::make_cpu("cpu");
+  SplitMix64 rng{7};
+  detail::CalibrationSpent spent;
+  const auto samples = detail::measure_decode_layer(
+      *b, tiny, detail::DecodeLayerPasses{2, 2, 0.0}, [] {}, rng, spent);
+  EXPECT_EQ(b->executed, 3 * 17);
+  Graph g;
+  TensorId a =
+      g.attention(g.input("q", DType::F32, {16, 4, 1}), g.kv_cache("k", DType::F16, {16, 2, 32}),
+                  g.kv_cache("v", DType::F16, {16, 2, 32}), g.input("pos", DType::I32, {1}), 0.25f);
+  ASSERT_EQ(samples.size(), 1u);
+  EXPECT_EQ(samples[0].first, op_key(g, g.node(a)));
+  EXPECT_EQ(samples[0].second.flops, op_work(g, g.node(a)).flops);
+  EXPECT_EQ(samples[0].second.bytes, op_work(g, g.node(a)).bytes);
+}
+
+TEST(Calibration, DecodeLayerWarmsUpForItsWarmUpTimeBeforeItTimes) {
+  // Untimed passes until warm_up_s has passed (the first layer of a calibration: the first
+  // ~0.2 s of memory-bound work after the process stood idle ran slow), then the timed ones.
+  // (DecodeLayerRunsItsPassesAndTimesAttentionOverItsWholeCache: one untimed pass at 0 s.)
+  const detail::DecodeLayerShape tiny{64, 4, 2, 16, 128};
+  constexpr int kLayerOps = 17;
+  constexpr double kWarmUp = 0.2;
+  auto b = test::make_cpu("cpu");
+  SplitMix64 rng{7};
+  detail::CalibrationSpent spent;
+  std::vector<std::chrono::steady_clock::time_point> lead_ins;  // one per pass
+  const auto before = std::chrono::steady_clock::now();
+  const auto samples = detail::measure_decode_layer(
+      *b, tiny, {2, 2, 0.0, kWarmUp}, [&] { lead_ins.push_back(std::chrono::steady_clock::now()); },
+      rng, spent);
+  ASSERT_FALSE(samples.empty());
+  ASSERT_GE(lead_ins.size(), 3u);
+  const size_t warm = lead_ins.size() - 2;  // two timed passes
+  EXPECT_EQ(b->executed, int((warm + 2) * kLayerOps));
+  // A pass of this layer takes well under the warm-up time: several warm passes, and the first
+  // timed pass starts once the warm-up time has passed.
+  EXPECT_GE(warm, 2u);
+  EXPECT_GE(std::chrono::duration<double>(lead_ins[warm] - before).count(), kWarmUp);
+}
+
+// A host backend on reference kernels that records every execution's op and memory.
+class RecordingBackend : public test::TestBackend {
+ public:
+  struct Run {
+    OpKind op;
+    TensorId storage;  // where the graph keeps the output (a KV cache for kv_write)
+    const uint8_t* out;
+    size_t out_bytes;
+    std::vector<TensorId> input_storage;
+    std::vector<const uint8_t*> inputs;
+    std::vector<size_t> input_bytes;
+  };
+  explicit RecordingBackend(std::vector<OpCapability> caps)
+      : TestBackend(config(std::move(caps))) {}
+  void execute(const Graph& graph, const NodeExecution& exec) override {
+    Run r{exec.node->op,
+          graph.storage_of(exec.node->id),
+          static_cast<const uint8_t*>(exec.output.data),
+          exec.output.desc->bytes(),
+          {},
+          {},
+          {}};
+    for (size_t k = 0; k < exec.inputs.size(); ++k) {
+      r.input_storage.push_back(graph.storage_of(exec.node->inputs[k]));
+      r.inputs.push_back(static_cast<const uint8_t*>(exec.inputs[k].data));
+      r.input_bytes.push_back(exec.inputs[k].desc->bytes());
+    }
+    runs.push_back(std::move(r));
+    TestBackend::execute(graph, exec);
+  }
+  std::vector<Run> runs;
+
+ private:
+  static Config config(std::vector<OpCapability> caps) {
+    Config c;
+    c.id = "cpu";
+    c.capabilities = std::move(caps);
+    return c;
+  }
+};
+
+bool overlaps(const uint8_t* a, size_t a_bytes, const uint8_t* b, size_t b_bytes) {
+  return a < b + b_bytes && b < a + a_bytes;
+}
+
+TEST(Calibration, DecodeLayerOpsWriteMemoryEarlierOpsUsedAsTheExecutorLaysItOut) {
+  // In a run the executor's arena puts an op's output where an op a few nodes earlier wrote (Q's
+  // RoPE over the norm's output, a layer's output over its feed-forward block's): memory the
+  // caches hold. The decode layer lays its ops out the same way, never over a value a later op
+  // still reads. (With a buffer per op, last written a pass earlier, its one-token RoPE, add and
+  // SwiGLU timed slower than in a run: bench/NOTES.md, 2026-11-27.)
+  RecordingBackend b(ReferenceBackend::reference_capabilities());
+  SplitMix64 rng{7};
+  detail::CalibrationSpent spent;
+  const auto samples = detail::measure_decode_layer(
+      b, {64, 4, 2, 16, 128}, {1, 1, 0.0}, [] {}, rng, spent);
+  ASSERT_FALSE(samples.empty());
+  constexpr size_t kLayerOps = 17;
+  ASSERT_EQ(b.runs.size(), 2 * kLayerOps);  // the warm-up pass and one timed pass
+  const std::span<const RecordingBackend::Run> pass(b.runs.data() + kLayerOps, kLayerOps);
+  auto over_earlier = [&](size_t j) {
+    for (size_t i = 0; i < j; ++i) {
+      if (overlaps(pass[j].out, pass[j].out_bytes, pass[i].out, pass[i].out_bytes)) return true;
+    }
+    return false;
+  };
+  // The layer's ops in graph order: norm, Q, K, V, RoPE of Q, ..., SwiGLU, down, the last add.
+  ASSERT_EQ(pass[0].op, OpKind::RmsNorm);
+  ASSERT_EQ(pass[4].op, OpKind::Rope);
+  ASSERT_EQ(pass[kLayerOps - 1].op, OpKind::Add);
+  EXPECT_TRUE(overlaps(pass[4].out, pass[4].out_bytes, pass[0].out, pass[0].out_bytes));
+  EXPECT_TRUE(over_earlier(kLayerOps - 1));
+  size_t reused = 0;
+  for (size_t j = 1; j < pass.size(); ++j) {
+    reused += over_earlier(j) ? 1 : 0;
+    // What op j reads, written by an earlier op of the pass or before the pass, no op since
+    // wrote over.
+    for (size_t k = 0; k < pass[j].inputs.size(); ++k) {
+      const uint8_t* in = pass[j].inputs[k];
+      size_t since = 0;
+      for (size_t i = j; i-- > 0 && since == 0;) {
+        if (pass[i].storage == pass[j].input_storage[k]) since = i + 1;
+      }
+      for (size_t i = since; i < j; ++i) {
+        EXPECT_FALSE(overlaps(in, pass[j].input_bytes[k], pass[i].out, pass[i].out_bytes))
+            << "op " << i << " (" << op_name(pass[i].op) << ") wrote over input " << k << " of op "
+            << j << " (" << op_name(pass[j].op) << ")";
+      }
+    }
+  }
+  EXPECT_GE(reused, kLayerOps / 2);
+}
+
+}  // namespace
+}  // namespace tandem
