@@ -20,15 +20,12 @@ std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const D
                                                              SplitMix64& rng,
                                                              CalibrationSpent& spent) {
   using Clock = std::chrono::steady_clock;
-  // The layer's token sits at the last position of its KV caches: attention reads every key, as
-  // its estimate (the planning bound) assumes of a cache this long.
-  const int64_t cache = d.cache;
   Graph g;
   const int64_t q_rows = d.heads * d.head_dim, kv_rows = d.kv_heads * d.head_dim;
   TensorId x = g.input("x", DType::F32, {d.embd, 1});
   TensorId pos = g.input("pos", DType::I32, {1});
-  TensorId kc = g.kv_cache("k", DType::F16, {d.head_dim, d.kv_heads, cache});
-  TensorId vc = g.kv_cache("v", DType::F16, {d.head_dim, d.kv_heads, cache});
+  TensorId kc = g.kv_cache("k", DType::F16, {d.head_dim, d.kv_heads, d.cache});
+  TensorId vc = g.kv_cache("v", DType::F16, {d.head_dim, d.kv_heads, d.cache});
   auto weight = [&](const char* name, int64_t k, int64_t m) {
     return g.weight(name, DType::Q4_0, {k, m});
   };
@@ -74,7 +71,7 @@ std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const D
         slots.push_back({0, t.bytes(), int(n.id), std::max(int(n.id), last[size_t(n.id)]), 0});
         continue;
       }
-      buffers[n.id] = buffer_with_data(b, t, cache, 0, rng);
+      buffers[n.id] = buffer_with_data(b, t, d.cache, 0, rng);
       if ((n.op == OpKind::Weight && dtype_traits(t.dtype).is_quantized) || n.op == OpKind::KvCache)
         flushed.push_back(n.id);
     }

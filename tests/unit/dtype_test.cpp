@@ -24,7 +24,7 @@ float from_bits(uint32_t u) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-// An IEEE half conversion of the compiler's (round to nearest even): an independent oracle.
+// An IEEE half conversion that is not ours (round to nearest even): an independent oracle.
 uint16_t oracle_f16(float f) {
   return test::oracle_f32_to_f16(f);
 }

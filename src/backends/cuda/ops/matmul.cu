@@ -3,6 +3,7 @@
 // bf16 weights (decode: 1 to kMatvecMaxColumns columns) take a streaming kernel of their own
 // ("half" below for all three: it was written for the 16-bit types; f32 rows take two loads).
 #include <algorithm>
+#include <atomic>
 #include <climits>
 
 #include "common.cuh"
@@ -209,12 +210,26 @@ __global__ __launch_bounds__(kHalfWarps * 32) void half_matvec_kernel(
   }
 }
 
-// CTAs of `kernel` one SM holds at once (its registers decide: 2 or 3 of 8 warps).
-template <typename Kernel>
-int resident_ctas(Kernel kernel) {
-  int n = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kHalfWarps * 32, 0);
-  return std::max(n, 1);
+// CTAs of half_matvec_kernel<kType, kCols, kPair, kSplit> one SM holds at once (its registers
+// decide: 2 or 3 of 8 warps), asked once per device, not at every launch (as decode_smem_bytes).
+template <DType kType, int kCols, int kPair, int kSplit>
+int resident_ctas(const OpContext& ctx) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> state[kMaxDevices];  // 0 unknown, else the answer
+  const int device = ctx.state->device;
+  if (device < 0 || device >= kMaxDevices) return 1;
+  int n = state[device].load(std::memory_order_acquire);
+  if (n == 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &n, half_matvec_kernel<kType, kCols, kPair, kSplit>, kHalfWarps * 32, 0) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();  // a failed query is an answer (one CTA a SM), not an error
+      n = 1;
+    }
+    n = std::max(n, 1);
+    state[device].store(n, std::memory_order_release);
+  }
+  return n;
 }
 
 // The streaming kernel covers one 2-D weight matrix of contiguous, 16-byte aligned rows, K a
@@ -263,16 +278,20 @@ void launch_half_matvec(const OpContext& ctx, std::span<const NodeExecution> exe
   const auto* bp = static_cast<const float*>(execs[0].inputs[1].data);
   auto launch = [&](auto type, auto cols) {
     constexpr DType kType = decltype(type)::value;
-    auto matvec = [&](auto kernel) {
-      const dim3 grid(
-          unsigned(std::min<int64_t>(groups, int64_t(ctx.sm_count) * resident_ctas(kernel))));
-      return launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0, kernel, parts, n,
+    auto matvec = [&](auto pair, auto split_warps) {
+      constexpr int kPair = decltype(pair)::value, kSplit = decltype(split_warps)::value;
+      const int per_sm = resident_ctas<kType, cols(), kPair, kSplit>(ctx);
+      const dim3 grid(unsigned(std::min<int64_t>(groups, int64_t(ctx.sm_count) * per_sm)));
+      return launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0,
+                                 half_matvec_kernel<kType, cols(), kPair, kSplit>, parts, n,
                                  int64_t(a.ne[0]), bp, glu);
     };
-    const cudaError_t err = glu          ? matvec(half_matvec_kernel<kType, cols(), 2, 1>)
-                            : split == 4 ? matvec(half_matvec_kernel<kType, cols(), 1, 4>)
-                            : split == 2 ? matvec(half_matvec_kernel<kType, cols(), 1, 2>)
-                                         : matvec(half_matvec_kernel<kType, cols(), 1, 1>);
+    using One = std::integral_constant<int, 1>;
+    using Two = std::integral_constant<int, 2>;
+    const cudaError_t err = glu          ? matvec(Two{}, One{})
+                            : split == 4 ? matvec(One{}, std::integral_constant<int, 4>{})
+                            : split == 2 ? matvec(One{}, Two{})
+                                         : matvec(One{}, One{});
     ctx.check(err, "matmul", "kernel launch");
   };
   with_columns(b.ne[1], [&](auto cols) {
