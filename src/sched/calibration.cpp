@@ -200,9 +200,8 @@ struct Budget {
   double max_point_us;  // stop repeating a shape once its runs took this long (at least 3)
   detail::DecodeLayerPasses layer_passes;
 };
-// The quick decode layer runs 10-30 passes (5-15 before 2026-11-27: on a 2-core VM, five
-// interleaved pairs of fresh calibrations put the per-op estimates' median error at 1B 14.2 /
-// 8B 15.2% against 15.3 / 16.1%, for 0.1-0.3 s more; the tiny ops' samples are medians of more).
+// The quick decode layer runs 10-30 passes (5-15 before 2026-11-27: on a 2-core VM, 1B 14.2 /
+// 8B 15.2% median error against 15.3 / 16.1% in five pairs of calibrations, for 0.1-0.3 s more).
 constexpr Budget kQuickBudget{5, 31, 60e3, {10, 30, 120e3}};
 constexpr Budget kFullBudget{11, 101, 600e3, {11, 33, 600e3}};
 constexpr double kQuickMaxRunUs = 20e3;
@@ -333,13 +332,14 @@ class Calibrator {
     measure_launch();
     if (b_.kind() == BackendKind::Cpu && b_.host_accessible()) {
       // LLaMA 3.2 1B's and 3.1 8B's layers, then the 1B's over 32 cache positions for its
-      // attention alone (DecodeLayerShape). The first warms up for kFirstLayerWarmUpSeconds (the
-      // first ~0.2 s of memory-bound work after the process stood idle ran slow): on a 2-core VM
-      // the first layer timed (15 passes) read every product 1.5-1.9x its run time in 7 of 12
-      // calibrations, and the same layer timed again right after read them as a run does in 24
-      // of 24; those calibrations' 1B estimates missed by 40-51% instead of 13-17% (NOTES).
+      // attention alone (DecodeLayerShape). The first warms up for kFirstLayerWarmUpSeconds: on a
+      // 2-core VM the first ~0.2 s of memory-bound work after the process stood idle read every
+      // product 1.5-1.9x its run time in 7 of 12 calibrations. After each pass's flush the pool
+      // works for kLeadInSeconds: with one lead-in product, 16 threads read the 1B's one-token
+      // products at 1.15-1.23x their run times (bench/NOTES.md).
       detail::DecodeLayerPasses passes = budget_.layer_passes;
       passes.warm_up_s = kFirstLayerWarmUpSeconds;
+      passes.lead_in_s = kLeadInSeconds;
       for (const detail::DecodeLayerShape& d :
            {detail::DecodeLayerShape{2048, 32, 8, 64, 8192},
             detail::DecodeLayerShape{4096, 32, 8, 128, 14336},
@@ -491,7 +491,7 @@ class Calibrator {
     b_.execute(p.g, execution_of(p.g, p.g.node(p.c),
                                  [&](TensorId id) { return p.buffers.at(id).data(); }));
   }
-  static constexpr double kFirstLayerWarmUpSeconds = 0.25;
+  static constexpr double kFirstLayerWarmUpSeconds = 0.25, kLeadInSeconds = 0.002;
   struct LeadIn {
     Graph g;
     TensorId w = kNoTensor, b = kNoTensor, c = kNoTensor;

@@ -55,13 +55,16 @@ struct DecodeLayerPasses {
   double max_us = 60e3;
   // Untimed passes first, for at least this long (at least one pass).
   double warm_up_s = 0.0;
+  // After each pass's flush, lead_in runs again until this long has passed (at least once).
+  double lead_in_s = 0.0;
 };
 
 // One decode layer of shape `d` (Q4_0 projections, an f16 KV cache) run op after op as `run
 // --stats` runs a graph, its ops' outputs in one arena laid out as the executor's, after
 // untimed passes (passes.warm_up_s, at least one), its products' weights and its KV caches flushed
-// before each pass and `lead_in` run after the flush. One sample per op key and work, the median of
-// its ops' times; empty when `b` cannot run the layer or has no memory for it.
+// before each pass and `lead_in` run after the flush (for passes.lead_in_s). One sample per op key
+// and work, the median of its ops' times; empty when `b` cannot run the layer or has no memory for
+// it.
 std::vector<std::pair<OpKey, OpSample>> measure_decode_layer(Backend& b, const DecodeLayerShape& d,
                                                              const DecodeLayerPasses& passes,
                                                              const std::function<void()>& lead_in,
