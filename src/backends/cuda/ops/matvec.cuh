@@ -79,20 +79,46 @@ struct NormedB {
   float* sum;      // the Add's output (written with r)
   float eps;
 };
+// With rope (Q, K and V of one token, then RoPE of Q and K and the cache writes of K and V, as
+// the llama graph emits them): after its row sums a CTA rotates its rows of the parts that
+// rotate, in pairs (2j, 2j + 1) of a head, and writes them to the Rope nodes' outputs and the
+// rows of the parts that have a cache to it at the token's position (rope_kv_write_kernel's
+// work, one launch fewer a layer). Arrays are per part.
+struct RopeTail {
+  const int32_t* pos = nullptr;  // the token's position
+  int32_t* error_flag = nullptr;
+  double log_base = 0.0;
+  int n_rot = 0, head_dim = 0;
+  float* out[kMaxParts] = {};      // the Rope node's output; nullptr: the part does not rotate
+  uint8_t* cache[kMaxParts] = {};  // the KvWrite node's cache; nullptr: none
+  int64_t token_stride[kMaxParts] = {}, capacity[kMaxParts] = {};
+  DType cache_dtype = DType::F16;
+};
+// The nodes after n products of one b that a RopeTail takes (4: Rope of products 0 and 1, then
+// KvWrite of the second Rope's output and of product 2), filling *tail; 0 where they are not that.
+size_t rope_tail_of(std::span<const NodeExecution> segment, size_t n, RopeTail* tail);
+
 // The staged kernel for one node, or for up to kMaxParts that share b (one part each), when the
 // layout allows it; false leaves them to the generic kernel (strided or unaligned weights, K not a
 // multiple of 256, too little shared memory).
 // With glu (gate and up of one column, then the SwiGlu of their outputs) a CTA takes the same rows
-// of both and writes their GLU too.
+// of both and writes their GLU too; with rope, see RopeTail.
 bool launch_staged_matvec(const OpContext& ctx, std::span<const NodeExecution> execs,
-                          const NormedB* norm = nullptr, float* glu = nullptr);
-// The same with the GLU where glu is given and the launch takes it, else without: how many nodes
-// ran (the products, plus the SwiGlu where its GLU was written), 0 where the staged kernel did not
-// take them.
-inline size_t launch_staged_products(const OpContext& ctx, std::span<const NodeExecution> execs,
-                                     const NormedB* norm, float* glu) {
-  if (glu && launch_staged_matvec(ctx, execs, norm, glu)) return execs.size() + 1;
-  return launch_staged_matvec(ctx, execs, norm) ? execs.size() : 0;
+                          const NormedB* norm = nullptr, float* glu = nullptr,
+                          const RopeTail* rope = nullptr);
+// The same with the GLU where glu is given, or the RoPE tail where the nodes after the products
+// are what it takes, and the launch takes it, else without: how many nodes ran (the products,
+// plus the SwiGlu or the Rope and KvWrite nodes where the launch did their work), 0 where the
+// staged kernel did not take them.
+inline size_t launch_staged_products(const OpContext& ctx, std::span<const NodeExecution> segment,
+                                     size_t n, const NormedB* norm, float* glu) {
+  const std::span<const NodeExecution> execs = segment.first(n);
+  if (glu && launch_staged_matvec(ctx, execs, norm, glu)) return n + 1;
+  RopeTail rope;
+  if (const size_t tail = rope_tail_of(segment, n, &rope)) {
+    if (launch_staged_matvec(ctx, execs, norm, nullptr, &rope)) return n + tail;
+  }
+  return launch_staged_matvec(ctx, execs, norm) ? n : 0;
 }
 
 // The SwiGlu output where products[0] and products[1] (the first n products of one b) are gate

@@ -80,9 +80,9 @@ bool overlap(const TensorRef& a, const TensorRef& b);
 // output its nodes have, with the arithmetic of the separate kernels, so a fusion needs no
 // knowledge of the outputs' other readers. The patterns (docs/cuda.md):
 enum class Fusion : uint8_t { None, Matvec, All };
-// Most nodes one fused launch takes (an Add, its RmsNorm and Q, K and V):
-// CudaBackend::fused_nodes().
-constexpr size_t kMaxFusedNodes = 5;
+// Most nodes one fused launch takes (an Add, its RmsNorm, Q, K and V, the RoPE of Q and K and
+// the cache writes of K and V): CudaBackend::fused_nodes().
+constexpr size_t kMaxFusedNodes = 9;
 size_t run_fused(const OpContext& ctx, std::span<const NodeExecution> segment,
                  Fusion fusion = Fusion::All);
 // - matrix-vector products of the same b (Q, K and V; gate and up): one launch, one

@@ -338,7 +338,7 @@ size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> se
   if (const size_t n = count_same_b(segment, kMaxParts, is_matvec); n >= 2) {
     // Gate and up of one column and their SwiGlu: the GLU in the same launch.
     if (const size_t ran =
-            launch_staged_products(ctx, segment.first(n), nullptr, swiglu_of(segment, n))) {
+            launch_staged_products(ctx, segment, n, nullptr, swiglu_of(segment, n))) {
       return ran;
     }
   }
@@ -391,7 +391,7 @@ size_t run_fused_norm_matvecs(const OpContext& ctx, std::span<const NodeExecutio
   const std::span<const NodeExecution> products = segment.subspan(at + 1);
   const size_t n = count_same_b(products, kMaxParts, is_matvec);
   if (n == 0) return 0;
-  const size_t ran = launch_staged_products(ctx, products.first(n), &in, swiglu_of(products, n));
+  const size_t ran = launch_staged_products(ctx, products, n, &in, swiglu_of(products, n));
   return ran > 0 ? at + 1 + ran : 0;
 }
 

@@ -1,10 +1,10 @@
 // RoPE: Rope rotates adjacent pairs (llama), RopeNeox the pairs (x[i], x[i + n_rot/2]) (GPT-NeoX,
-// Qwen). One thread per element, angles in double (exact positions matter more than the few
-// extra cycles of a memory-bound op). Also the fused launch of a layer's RoPE
-// of Q and K with the KV-cache writes that follow it (run_fused_rope_kv_write).
+// Qwen). One thread per element, angles in double (rope_pair). Also the fused launch of a layer's
+// RoPE of Q and K with the KV-cache writes that follow it (run_fused_rope_kv_write).
 #include <array>
 
 #include "common.cuh"
+#include "matvec.cuh"
 #include "ops.h"
 
 namespace tandem::cuda {
@@ -20,11 +20,9 @@ __device__ __forceinline__ float rope_element(const float* x, int64_t idx, int64
   const int64_t j = neox ? (i < half ? i : i - half) : i / 2;
   const bool first = neox ? i < half : (i & 1) == 0;
   const int64_t i0 = idx - i + (neox ? j : 2 * j), i1 = i0 + (neox ? half : 1);
-  const double theta = double(pos) * exp(-double(2 * j) / n_rot * log_base);
-  double s, c;
-  sincos(theta, &s, &c);
-  const double x0 = x[i0], x1 = x[i1];
-  return float(first ? x0 * c - x1 * s : x0 * s + x1 * c);
+  float y0, y1;
+  rope_pair(x[i0], x[i1], j, pos, n_rot, log_base, y0, y1);
+  return first ? y0 : y1;
 }
 
 __global__ void rope_kernel(const float* x, const int32_t* pos, float* out, int64_t d,
@@ -176,6 +174,65 @@ size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecuti
                           n_rot, log(double(freq_base)), total, ctx.error_flag),
       "rope + kv_write", "kernel launch");
   return n;
+}
+
+size_t rope_tail_of(std::span<const NodeExecution> segment, size_t n, RopeTail* tail) {
+  // Products Q, K, V of one column, then Rope(Q), Rope(K), KvWrite(K rotated), KvWrite(V): the
+  // llama graph's order (run_fused_rope_kv_write takes the same four nodes alone).
+  if (n != 3 || segment.size() < n + 4 || segment[0].inputs[1].desc->ne[1] != 1) return 0;
+  const NodeExecution* rope[2] = {&segment[n], &segment[n + 1]};
+  const NodeExecution* write[2] = {&segment[n + 2], &segment[n + 3]};
+  const TensorRef* positions = nullptr;
+  auto same_positions = [&](const TensorRef& p) {
+    if (p.desc->dtype != DType::I32 || !p.desc->is_contiguous() || p.desc->elements() != 1) {
+      return false;
+    }
+    if (!positions) positions = &p;
+    return p.data == positions->data;
+  };
+  const int64_t d = rope[0]->inputs[0].desc->ne[0];
+  const int n_rot = rope[0]->node->params.n_rot;
+  const float freq_base = rope[0]->node->params.freq_base;
+  if (d % 2 != 0 || n_rot % 2 != 0 || n_rot <= 0 || n_rot > d) return 0;
+  RopeTail t;
+  for (int r = 0; r < 2; ++r) {
+    const NodeExecution& e = *rope[r];
+    const TensorDesc& x = *e.inputs[0].desc;
+    if (e.node->op != OpKind::Rope || e.inputs[0].data != segment[size_t(r)].output.data ||
+        x.elements() != segment[size_t(r)].output.desc->elements() ||
+        !contiguous_f32(e.inputs[0]) || !contiguous_f32(e.output) || x.ne[0] != d || x.ne[2] != 1 ||
+        x.ne[3] != 1 || !same_positions(e.inputs[1]) || e.node->params.n_rot != n_rot ||
+        e.node->params.freq_base != freq_base) {
+      return 0;
+    }
+    t.out[r] = static_cast<float*>(e.output.data);
+  }
+  // The K write reads the K Rope's output, the V write V's product.
+  const void* sources[2] = {rope[1]->output.data, segment[2].output.data};
+  for (int w = 0; w < 2; ++w) {
+    const NodeExecution& e = *write[w];
+    if (e.node->op != OpKind::KvWrite) return 0;
+    const TensorDesc& cache = *e.output.desc;
+    const TensorDesc& src = *e.inputs[1].desc;
+    if (e.inputs[1].data != sources[w] || !contiguous_f32(e.inputs[1]) ||
+        !same_positions(e.inputs[2]) || src.ne[0] != d ||
+        src.elements() != cache.ne[0] * cache.ne[1] ||
+        (cache.dtype != DType::F32 && cache.dtype != DType::F16) || cache.ne[0] != src.ne[0] ||
+        cache.ne[1] != src.ne[1] || cache.nb[1] != cache.nb[0] * cache.ne[0] ||
+        (w == 1 && cache.dtype != t.cache_dtype)) {
+      return 0;
+    }
+    t.cache[w + 1] = static_cast<uint8_t*>(e.output.data);
+    t.token_stride[w + 1] = cache.nb[2];
+    t.capacity[w + 1] = cache.ne[2];
+    t.cache_dtype = cache.dtype;
+  }
+  t.pos = static_cast<const int32_t*>(positions->data);
+  t.log_base = log(double(freq_base));
+  t.n_rot = n_rot;
+  t.head_dim = int(d);
+  *tail = t;
+  return 4;
 }
 
 void add_rope_kernels(KernelTable<Kernel>& rows) {

@@ -282,7 +282,7 @@ __device__ __forceinline__ int part_of(const MatvecParts& parts, int r) {
 // which then used more registers (Q4_K 112 -> 117, Q6_K 115 -> 123) and read slower (Q4_K
 // 14336x4096 76.7-77.6 -> 72.9-73.3% of copy: the commit of the GLU, bisected on an H100).
 template <DType kType, int kCols, int kStages, bool kRegB, int kEarly, bool kNorm = false,
-          bool kGlu = false>
+          bool kGlu = false, bool kRope = false>
 __global__ __launch_bounds__(
     kStagedThreads,
     kStagedLaunchBlocks<kType, kCols, kStages>) void staged_matvec_kernel(MatvecParts parts,
@@ -298,8 +298,8 @@ __global__ __launch_bounds__(
                                                                           uint32_t off_stages,
                                                                           uint32_t off_reduce,
                                                                           const float* b,
-                                                                          NormedB norm,
-                                                                          float* glu) {
+                                                                          NormedB norm, float* glu,
+                                                                          RopeTail rope) {
   using F = GroupFormat<kType>;
   constexpr bool kQ4 = kType == DType::Q4_0;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -339,9 +339,11 @@ __global__ __launch_bounds__(
   // This CTA's rows, in tiles of up to tile_rows that never straddle two parts. With glu (gate
   // and up, M rows each) the split is of M: the CTA takes rows [row_begin, row_end) of gate,
   // then the same rows of up, and ends with their GLU.
+  // kRope: the split is of row pairs (a rotated pair is one CTA's).
+  constexpr int kUnit = kRope ? 2 : 1;
   const int cta = int(blockIdx.x);
-  const int row_begin = cta * rows_q + min(cta, rows_r);
-  const int row_end = row_begin + rows_q + (cta < rows_r);
+  const int row_begin = kUnit * (cta * rows_q + min(cta, rows_r));
+  const int row_end = row_begin + kUnit * (rows_q + (cta < rows_r));
   const int half_rows = kGlu ? parts.row_start[1] : 0;  // gate's M
   // Where the tiles of a part stand: the next tile's first row, the end of the rows of this
   // part that are this CTA's, the part's first row, and the end of the CTA's current range.
@@ -674,110 +676,31 @@ __global__ __launch_bounds__(
       glu[r] = g / (1.0f + expf(-g)) * parts.out[1][r];  // as swiglu_kernel
     }
   }
-}
-
-// Launches the staged kernel for one node, or for several that share b (one part each), when
-// the layout allows it; false leaves them to the generic kernel (strided or unaligned weights, K
-// not a multiple of 256, too little shared memory).
-template <DType kType, int kCols>
-bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs,
-                   const NormedB* norm = nullptr, float* glu = nullptr) {
-  const NodeExecution& first = execs.front();
-  const TensorDesc& a0 = *first.inputs[0].desc;
-  const TensorDesc& b = *first.inputs[1].desc;
-  const int64_t K = a0.ne[0];
-  const auto* bp = static_cast<const float*>(first.inputs[1].data);
-  const bool fused = execs.size() > 1;
-  // Tiles are copied in 16-byte pieces: rows of Q6_K (210-byte groups) need K % 2048 == 0.
-  if (K % kGroupElems != 0 || row_bytes(kType, K) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(bp) % 16 != 0 || !b.is_contiguous() ||
-      execs.size() > size_t(kMaxParts) || (fused && b.ne[2] * b.ne[3] != 1)) {
-    return false;
-  }
-  MatvecParts parts{};
-  parts.count = int(execs.size());
-  for (size_t i = 0; i < execs.size(); ++i) {
-    const TensorDesc& a = *execs[i].inputs[0].desc;
-    const auto* ap = static_cast<const uint8_t*>(execs[i].inputs[0].data);
-    if (a.dtype != kType || a.ne[0] != K || size_t(a.nb[1]) != row_bytes(kType, K) ||
-        a.nb[2] % 16 != 0 || a.nb[3] % 16 != 0 || reinterpret_cast<uintptr_t>(ap) % 16 != 0 ||
-        execs[i].inputs[1].data != first.inputs[1].data || execs[i].inputs[1].desc->ne != b.ne ||
-        execs[i].inputs[1].desc->nb != b.nb || (fused && a.ne[2] * a.ne[3] != 1) ||
-        parts.row_start[i] + a.ne[1] > int64_t(INT32_MAX)) {
-      return false;
-    }
-    parts.a[i] = ap;
-    parts.out[i] = static_cast<float*>(execs[i].output.data);
-    parts.row_start[i + 1] = int(parts.row_start[i] + a.ne[1]);
-  }
-  const int64_t M = parts.row_start[parts.count];
-  // With glu the CTAs split gate's rows (and take the same rows of up).
-  if (glu && (kCols != 1 || parts.count != 2 || 2 * int64_t(parts.row_start[1]) != M)) return false;
-  const int64_t split_rows = glu ? M / 2 : M;
-  // One CTA per SM: a second would leave the next kernel no room.
-  const int64_t ctas = std::min<int64_t>(ctx.sm_count, split_rows),
-                cta_rows = (M + ctas - 1) / ctas;
-  // Two CTAs per SM (this kernel's and the next one's; two columns, kStagedMinBlocks) only where
-  // half an SM's shared memory still holds tiles for 12 warps: with fewer (wide rows, Q8_0) one
-  // CTA alone with a deeper ring measured faster (bench/NOTES.md).
-  constexpr bool kMayPair = kStagedMinBlocks<kType, kCols> >= 2;
-  bool pair = kMayPair;
-  StagedLayout l =
-      staged_layout<kType>(K, kCols, ctx.smem_pair, kPairStages, cta_rows, parts.count);
-  if (!pair || l.total > ctx.smem_pair || l.threads < 384) {
-    pair = false;
-    l = staged_layout<kType>(K, kCols, ctx.smem_optin, kAloneStages<kType, kCols>, cta_rows,
-                             parts.count, kAloneTargetBytes<kType, kCols>);
-  }
-  if (l.total > ctx.smem_optin) return false;
-  // The GLU only where a CTA's share of each part is a few tiles (latency-bound products: 1B
-  // Q4_0 tg128 +3%). Where each part streams more than kLongTiles tiles a CTA, the split into two
-  // ranges costs a partial tile each and the separate SwiGLU overlaps the next product's first
-  // fetches (8B Q4_0 -2.5%; H100, bench/NOTES.md).
-  if (glu && split_rows > int64_t(kLongTiles) * l.rows * ctas) return false;
-  // b in registers: one column, and a thread's group of b the same in every tile.
-  const bool reg_b = kCols == 1 && l.rows > 1;
-  if (glu && !reg_b) return false;  // the GLU's kernels keep b in registers
-  // A normed b: every item of it held by the CTA's threads at once (two each), b in registers.
-  if (norm && (kCols != 1 || !reg_b || b.ne[2] * b.ne[3] != 1 || K / 16 > 2 * int64_t(l.threads))) {
-    return false;
-  }
-  auto launch = [&](auto kernel) {
-    ctx.check(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)),
-        "quantized_matmul", "cudaFuncSetAttribute");
-    ctx.check(launch_programmatic(ctx.stream, dim3(unsigned(ctas), unsigned(b.ne[2] * b.ne[3])),
-                                  dim3(unsigned(l.threads)), l.total, kernel, parts,
-                                  int64_t(a0.nb[2]), int64_t(a0.nb[3]), int(b.ne[2] / a0.ne[2]),
-                                  int(b.ne[3] / a0.ne[3]), int(b.ne[2]), int(split_rows / ctas),
-                                  int(split_rows % ctas), l.gpr, l.rows, l.stage_bytes, l.red_tiles,
-                                  uint32_t(l.b_scale), uint32_t(l.stages), uint32_t(l.reduce), bp,
-                                  norm ? *norm : NormedB{}, glu),
-              norm ? "rms_norm + quantized_matmul" : "quantized_matmul", "launch");
-  };
-  auto launch_ring = [&](auto stages) {
-    constexpr int kStages = decltype(stages)::value;
-    constexpr int kEarly = kPreIssue<kType, kCols, kStages>;
-    if constexpr (kCols == 1) {
-      if (glu) {
-        return norm ? launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, true, true>)
-                    : launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, false, true>);
+  if constexpr (kRope) {
+    __syncthreads();  // the flushes' row sums
+    const int32_t position = *rope.pos;
+    for (int r = row_begin + 2 * tid; r < row_end; r += 2 * threads) {
+      const int p = part_of(parts, r);
+      const int lr = r - pick(parts.row_start, p);
+      const float* o = pick(parts.out, p);
+      float y0 = o[lr], y1 = o[lr + 1];
+      if (float* ro = pick(rope.out, p)) {  // as rope_kv_write_kernel
+        const int i = lr % rope.head_dim;
+        if (i < rope.n_rot) rope_pair(y0, y1, i / 2, position, rope.n_rot, rope.log_base, y0, y1);
+        ro[lr] = y0;
+        ro[lr + 1] = y1;
       }
-      if (norm) return launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, true>);
-    }
-    reg_b ? launch(staged_matvec_kernel<kType, kCols, kStages, kCols == 1, kEarly>)
-          : launch(staged_matvec_kernel<kType, kCols, kStages, false, kEarly>);
-  };
-  using Pair = std::integral_constant<int, kPairStages>;
-  using Solo = std::integral_constant<int, kAloneStages<kType, kCols>>;
-  if constexpr (kMayPair) {
-    if (pair) {
-      launch_ring(Pair{});
-      return true;
+      if (uint8_t* cache = pick(rope.cache, p)) {
+        if (position < 0 || position >= pick(rope.capacity, p)) {
+          atomicCAS(rope.error_flag, kDeviceOk, kPositionOutOfRange);
+          continue;
+        }
+        uint8_t* row = cache + position * pick(rope.token_stride, p);
+        store_f32(rope.cache_dtype, row, lr, y0);
+        store_f32(rope.cache_dtype, row, lr + 1, y1);
+      }
     }
   }
-  launch_ring(Solo{});
-  return true;
 }
 
 }  // namespace tandem::cuda::staged

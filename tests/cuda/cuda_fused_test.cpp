@@ -1,0 +1,125 @@
+// Launches of the staged matrix-vector kernel that take the nodes after the products with them,
+// against the reference backend by NMSE (cuda_ops_test.cpp has the other fused patterns).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "reference_backend.h"
+#include "tandem/error.h"
+
+namespace tandem::test {
+namespace {
+
+constexpr double kExact = 1e-7, kMatmul = 5e-4, kRope = 1e-3;
+
+// One token's attention inputs as the llama graph emits them: [the residual Add,] the RmsNorm,
+// the Q, K and V products of its output, RoPE of Q and K, the cache writes of K (rotated) and
+// V. A captured segment runs them as one launch of the staged kernel (graph_stats counts it),
+// whose CTAs rotate and write their own rows after their row sums. Every dtype of the staged
+// kernel, both cache dtypes, whole and partial rotation (n_rot < head dim), a row split whose
+// CTAs take 5 or 6 row pairs; a position past the cache is the same typed error as the
+// separate kernels give, and the next step runs.
+TEST(CudaFused, NormQkvRopeAndCacheWritesInOneLaunch) {
+  TANDEM_REQUIRE_GPU(backend);
+  const int64_t dim = 2048, hd = 64, hq = 16, hkv = 4, ctx = 40;
+  for (DType d : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    for (DType cache : {DType::F16, DType::F32}) {
+      for (bool with_add : {true, false}) {
+        for (int32_t n_rot : {64, 32}) {
+          Graph g;
+          TensorId x = g.input("x", DType::F32, {dim, 1});
+          TensorId s = with_add ? g.add(x, g.input("r", DType::F32, {dim, 1})) : x;
+          if (with_add) g.mark_output(s);
+          TensorId h = g.rms_norm(s, g.weight("w", DType::F32, {dim}), 1e-5f);
+          g.mark_output(h);
+          TensorId pos = g.input("pos", DType::I32, {1});
+          TensorId kc = g.kv_cache("kc", cache, {hd, hkv, ctx});
+          TensorId vc = g.kv_cache("vc", cache, {hd, hkv, ctx});
+          TensorId q = g.matmul(g.weight("wq", d, {dim, hq * hd}), h);
+          TensorId k = g.matmul(g.weight("wk", d, {dim, hkv * hd}), h);
+          TensorId v = g.matmul(g.weight("wv", d, {dim, hkv * hd}), h);
+          for (TensorId p : {q, k, v}) g.mark_output(p);
+          TensorId qr = g.rope(g.reshape(q, {hd, hq, 1}), pos, n_rot, 500000.0f);
+          TensorId kr = g.rope(g.reshape(k, {hd, hkv, 1}), pos, n_rot, 500000.0f);
+          g.mark_output(qr);
+          g.mark_output(kr);
+          g.mark_output(g.kv_write(kc, kr, pos));
+          g.mark_output(g.kv_write(vc, g.reshape(v, {hd, hkv, 1}), pos));
+          const std::string what = "norm + qkv + rope + kv_write " + std::string(dtype_name(d)) +
+                                   " cache " + std::string(dtype_name(cache)) +
+                                   (with_add ? " add" : "") + " n_rot=" + std::to_string(n_rot);
+          const auto before = backend->graph_stats();
+          const Comparison fused =
+              compare_with_reference(g, *backend, {{pos, ints_bytes({17})}}, /*as_segment=*/true);
+          const auto after = backend->graph_stats();
+          EXPECT_EQ(after.fused_launches - before.fused_launches, 1) << what;
+          EXPECT_EQ(after.fused_nodes - before.fused_nodes, with_add ? 9 : 8) << what;
+          const size_t leading = with_add ? 2 : 1;  // the sum and the normed vector
+          ASSERT_EQ(fused.nmse.size(), leading + 7);
+          for (size_t i = 0; i < leading; ++i) EXPECT_LE(fused.nmse[i], kExact) << what << " " << i;
+          for (size_t i = leading; i < leading + 3; ++i) {
+            EXPECT_LE(fused.nmse[i], kMatmul) << what << ": product " << i;
+          }
+          // RoPE and the caches: the products' error, rotated (a cache's other rows are the
+          // same random leaf on both sides; one wrong row of 40 would read ~2.5e-2).
+          for (size_t i = leading + 3; i < leading + 7; ++i) {
+            EXPECT_LE(fused.nmse[i], kMatmul) << what << ": output " << i;
+          }
+        }
+      }
+    }
+  }
+  // A position past the cache: the launch flags it, the step fails with InvalidArgument, and a
+  // valid position runs next.
+  Graph g;
+  TensorId x = g.input("x", DType::F32, {dim, 1});
+  TensorId h = g.rms_norm(x, g.weight("w", DType::F32, {dim}), 1e-5f);
+  TensorId pos = g.input("pos", DType::I32, {1});
+  TensorId kc = g.kv_cache("kc", DType::F16, {hd, hkv, ctx});
+  TensorId vc = g.kv_cache("vc", DType::F16, {hd, hkv, ctx});
+  TensorId q = g.matmul(g.weight("wq", DType::Q4_0, {dim, hq * hd}), h);
+  TensorId k = g.matmul(g.weight("wk", DType::Q4_0, {dim, hkv * hd}), h);
+  TensorId v = g.matmul(g.weight("wv", DType::Q4_0, {dim, hkv * hd}), h);
+  TensorId qr = g.rope(g.reshape(q, {hd, hq, 1}), pos, int32_t(hd), 500000.0f);
+  TensorId kr = g.rope(g.reshape(k, {hd, hkv, 1}), pos, int32_t(hd), 500000.0f);
+  g.mark_output(qr);
+  TensorId kw = g.kv_write(kc, kr, pos);
+  TensorId vw = g.kv_write(vc, g.reshape(v, {hd, hkv, 1}), pos);
+  g.mark_output(kw);
+  g.mark_output(vw);
+  ReferenceBackend reference;
+  GraphRunner ref_run(g, reference), cuda_run(g, *backend);
+  std::mt19937 rng(test_seed());
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::Input && n.op != OpKind::Weight && n.op != OpKind::KvCache) continue;
+    if (n.id == pos) continue;
+    const Bytes bytes = random_leaf(g.tensor(n.id), rng);
+    ref_run.set(n.id, bytes);
+    cuda_run.set(n.id, bytes);
+  }
+  auto step = [&](int32_t p) {
+    ref_run.set(pos, ints_bytes({p}));
+    cuda_run.set(pos, ints_bytes({p}));
+    ref_run.run();
+    cuda_run.run(true, g.signature());
+    for (TensorId out : {qr, kw, vw}) {
+      const TensorDesc& desc = g.tensor(out);
+      EXPECT_LE(nmse(to_floats(desc, ref_run.get(out)), to_floats(desc, cuda_run.get(out))), kRope)
+          << "position " << p << " seed " << test_seed();
+    }
+  };
+  step(3);
+  cuda_run.set(pos, ints_bytes({int32_t(ctx)}));
+  try {
+    cuda_run.run(true, g.signature());
+    FAIL() << "position " << ctx << " of a " << ctx << "-token cache was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+  }
+  step(39);
+}
+
+}  // namespace
+}  // namespace tandem::test
