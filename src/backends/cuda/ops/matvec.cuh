@@ -94,6 +94,29 @@ struct RopeTail {
   int64_t token_stride[kMaxParts] = {}, capacity[kMaxParts] = {};
   DType cache_dtype = DType::F16;
 };
+// Rows lr and lr + 1 of part p of a launch with a RopeTail, y0 and y1 their products at the
+// token's position: rotated where the part rotates (as rope_kv_write_kernel), written to its Rope
+// output, and to its cache row.
+__device__ __forceinline__ void rope_tail_pair(const RopeTail& rope, int p, int lr,
+                                               int32_t position, float y0, float y1) {
+  auto at = [p](const auto& v) { return p == 0 ? v[0] : p == 1 ? v[1] : v[2]; };  // no local copy
+  if (float* out = at(rope.out)) {
+    const int i = lr % rope.head_dim;
+    if (i < rope.n_rot) rope_pair(y0, y1, i / 2, position, rope.n_rot, rope.log_base, y0, y1);
+    out[lr] = y0;
+    out[lr + 1] = y1;
+  }
+  if (uint8_t* cache = at(rope.cache)) {
+    if (position < 0 || position >= at(rope.capacity)) {
+      atomicCAS(rope.error_flag, kDeviceOk, kPositionOutOfRange);
+      return;
+    }
+    uint8_t* row = cache + position * at(rope.token_stride);
+    store_f32(rope.cache_dtype, row, lr, y0);
+    store_f32(rope.cache_dtype, row, lr + 1, y1);
+  }
+}
+
 // The nodes after n products of one b that a RopeTail takes (4: Rope of products 0 and 1, then
 // KvWrite of the second Rope's output and of product 2), filling *tail; 0 where they are not that.
 size_t rope_tail_of(std::span<const NodeExecution> segment, size_t n, RopeTail* tail);

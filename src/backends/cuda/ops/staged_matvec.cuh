@@ -683,22 +683,7 @@ __global__ __launch_bounds__(
       const int p = part_of(parts, r);
       const int lr = r - pick(parts.row_start, p);
       const float* o = pick(parts.out, p);
-      float y0 = o[lr], y1 = o[lr + 1];
-      if (float* ro = pick(rope.out, p)) {  // as rope_kv_write_kernel
-        const int i = lr % rope.head_dim;
-        if (i < rope.n_rot) rope_pair(y0, y1, i / 2, position, rope.n_rot, rope.log_base, y0, y1);
-        ro[lr] = y0;
-        ro[lr + 1] = y1;
-      }
-      if (uint8_t* cache = pick(rope.cache, p)) {
-        if (position < 0 || position >= pick(rope.capacity, p)) {
-          atomicCAS(rope.error_flag, kDeviceOk, kPositionOutOfRange);
-          continue;
-        }
-        uint8_t* row = cache + position * pick(rope.token_stride, p);
-        store_f32(rope.cache_dtype, row, lr, y0);
-        store_f32(rope.cache_dtype, row, lr + 1, y1);
-      }
+      rope_tail_pair(rope, p, lr, position, o[lr], o[lr + 1]);
     }
   }
 }
