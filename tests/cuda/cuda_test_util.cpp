@@ -138,4 +138,15 @@ Comparison compare_with_reference(const Graph& graph, Backend& cuda,
   return c;
 }
 
+void expect_position_rejected(GraphRunner& runner, uint64_t signature, TensorId pos,
+                              int32_t position) {
+  runner.set(pos, ints_bytes({position}));
+  try {
+    runner.run(true, signature);
+    ADD_FAILURE() << "position " << position << " past the cache was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+  }
+}
+
 }  // namespace tandem::test

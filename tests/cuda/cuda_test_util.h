@@ -51,6 +51,12 @@ class GraphRunner {
   std::map<TensorId, Buffer> storage_;
 };
 
+// Runs the graph as the captured segment `signature` with `position` in the one-token input
+// `pos`, a position past its KV caches: the step must fail with InvalidArgument (the kernels flag
+// it; the next step runs).
+void expect_position_rejected(GraphRunner& runner, uint64_t signature, TensorId pos,
+                              int32_t position);
+
 // sum((a-b)^2) / sum(a^2); NaN anywhere gives +inf.
 double nmse(const std::vector<float>& ref, const std::vector<float>& got);
 
