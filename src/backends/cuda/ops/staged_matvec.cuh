@@ -275,12 +275,14 @@ __device__ __forceinline__ int part_of(const MatvecParts& parts, int r) {
   return p;
 }
 
-// Row split: CTA c of G takes rows_q + (c < rows_r) rows (rows_q = M / G, rows_r = M % G).
-// kNorm (one column): b is the RmsNorm of the residual stream, made here from the Add's inputs
-// (NormedB) instead of read from the norm's output. kGlu (one column): gate and up, and their GLU
-// into glu. A template parameter: as a run-time argument its tests and tail were in every kernel,
-// which then used more registers (Q4_K 112 -> 117, Q6_K 115 -> 123) and read slower (Q4_K
-// 14336x4096 76.7-77.6 -> 72.9-73.3% of copy: the commit of the GLU, bisected on an H100).
+// Row split: CTA c of G takes rows_q + (c < rows_r) rows (rows_q = M / G, rows_r = M % G; with
+// kRope the same in row pairs). kNorm (one column): b is the RmsNorm of the residual stream, made
+// here from the Add's inputs (NormedB) instead of read from the norm's output. kGlu (one column):
+// gate and up, and their GLU into glu. kRope (one column): Q, K and V, then RoPE and the cache
+// writes of the CTA's rows (RopeTail). Template parameters: as a run-time argument the GLU's
+// tests and tail were in every kernel, which then used more registers (Q4_K 112 -> 117, Q6_K 115
+// -> 123) and read slower (Q4_K 14336x4096 76.7-77.6 -> 72.9-73.3% of copy: the commit of the
+// GLU, bisected on an H100).
 template <DType kType, int kCols, int kStages, bool kRegB, int kEarly, bool kNorm = false,
           bool kGlu = false, bool kRope = false>
 __global__ __launch_bounds__(
