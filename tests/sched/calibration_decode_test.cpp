@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -16,20 +17,28 @@
 namespace tandem {
 namespace {
 
+// A small layer (1B-like ratios) and its compute ops a pass.
+constexpr detail::DecodeLayerShape kTiny{64, 4, 2, 16, 128};
+constexpr int kLayerOps = 17;
+
+// The layer `d` measured on `b` with its own generator and spending.
+std::vector<std::pair<OpKey, OpSample>> measure(Backend& b, const detail::DecodeLayerShape& d,
+                                                const detail::DecodeLayerPasses& passes,
+                                                const std::function<void()>& lead_in) {
+  SplitMix64 rng{7};
+  detail::CalibrationSpent spent;
+  return detail::measure_decode_layer(b, d, passes, lead_in, rng, spent);
+}
+
 TEST(Calibration, DecodeLayerRunsItsPassesAndTimesAttentionOverItsWholeCache) {
   // A small layer on reference kernels. Its 17 ops run once to warm up, then `min` passes, then
   // more up to `max` while the timed runs stay under `max_us`: 0 us stops at `min`, a day runs
   // to `max`.
-  const detail::DecodeLayerShape tiny{64, 4, 2, 16, 128};
-  constexpr int kLayerOps = 17;
   for (const auto& [passes, want] :
        {std::pair{detail::DecodeLayerPasses{2, 6, 0.0}, 2}, {{2, 6, 86400e6}, 6}}) {
     auto b = test::make_cpu("cpu");
-    SplitMix64 rng{7};
-    detail::CalibrationSpent spent;
     int lead_ins = 0;
-    const auto samples = detail::measure_decode_layer(
-        *b, tiny, passes, [&] { ++lead_ins; }, rng, spent);
+    const auto samples = measure(*b, kTiny, passes, [&] { ++lead_ins; });
     EXPECT_EQ(b->executed, (want + 1) * kLayerOps) << passes.max_us;
     EXPECT_EQ(lead_ins, want + 1);
     // Attention's sample reads every key of the layer's cache: the token sits at its last
@@ -54,15 +63,12 @@ TEST(Calibration, DecodeLayerRunsItsPassesAndTimesAttentionOverItsWholeCache) {
 TEST(Calibration, DecodeLayerAtAnotherCacheLengthGivesItsAttentionAlone) {
   // attention_only: the layer runs whole (its attention meets what it meets in a model) and
   // returns one sample, its attention's, over every key of the longer cache.
-  detail::DecodeLayerShape tiny{64, 4, 2, 16, 128};
+  detail::DecodeLayerShape tiny = kTiny;
   tiny.cache = 32;
   tiny.attention_only = true;
   auto b = test::make_cpu("cpu");
-  SplitMix64 rng{7};
-  detail::CalibrationSpent spent;
-  const auto samples = detail::measure_decode_layer(
-      *b, tiny, detail::DecodeLayerPasses{2, 2, 0.0}, [] {}, rng, spent);
-  EXPECT_EQ(b->executed, 3 * 17);
+  const auto samples = measure(*b, tiny, {2, 2, 0.0}, [] {});
+  EXPECT_EQ(b->executed, 3 * kLayerOps);
   Graph g;
   TensorId a =
       g.attention(g.input("q", DType::F32, {16, 4, 1}), g.kv_cache("k", DType::F16, {16, 2, 32}),
@@ -77,17 +83,12 @@ TEST(Calibration, DecodeLayerWarmsUpForItsWarmUpTimeBeforeItTimes) {
   // Untimed passes until warm_up_s has passed (the first layer of a calibration: the first
   // ~0.2 s of memory-bound work after the process stood idle ran slow), then the timed ones.
   // (DecodeLayerRunsItsPassesAndTimesAttentionOverItsWholeCache: one untimed pass at 0 s.)
-  const detail::DecodeLayerShape tiny{64, 4, 2, 16, 128};
-  constexpr int kLayerOps = 17;
   constexpr double kWarmUp = 0.2;
   auto b = test::make_cpu("cpu");
-  SplitMix64 rng{7};
-  detail::CalibrationSpent spent;
   std::vector<std::chrono::steady_clock::time_point> lead_ins;  // one per pass
   const auto before = std::chrono::steady_clock::now();
-  const auto samples = detail::measure_decode_layer(
-      *b, tiny, {2, 2, 0.0, kWarmUp}, [&] { lead_ins.push_back(std::chrono::steady_clock::now()); },
-      rng, spent);
+  const auto samples = measure(*b, kTiny, {2, 2, 0.0, kWarmUp},
+                               [&] { lead_ins.push_back(std::chrono::steady_clock::now()); });
   ASSERT_FALSE(samples.empty());
   ASSERT_GE(lead_ins.size(), 3u);
   const size_t warm = lead_ins.size() - 2;  // two timed passes
@@ -102,23 +103,16 @@ TEST(Calibration, DecodeLayerLeadsInForItsLeadInTimeAfterEachFlush) {
   // After each pass's flush, lead_in runs again until lead_in_s has passed, then the layer's ops
   // (16 threads read the 1B's products 1.15-1.23x their run times after a single lead-in).
   // (DecodeLayerRunsItsPassesAndTimesAttentionOverItsWholeCache: one lead-in a pass at 0 s.)
-  const detail::DecodeLayerShape tiny{64, 4, 2, 16, 128};
-  constexpr int kLayerOps = 17;
   constexpr double kLeadIn = 0.02;
   auto b = test::make_cpu("cpu");
-  SplitMix64 rng{7};
-  detail::CalibrationSpent spent;
   // Per lead-in: the layer ops run before it and when it started; each takes 1 ms.
   std::vector<std::pair<int, std::chrono::steady_clock::time_point>> lead_ins;
   detail::DecodeLayerPasses passes{2, 2, 0.0};
   passes.lead_in_s = kLeadIn;
-  const auto samples = detail::measure_decode_layer(
-      *b, tiny, passes,
-      [&] {
-        lead_ins.push_back({b->executed, std::chrono::steady_clock::now()});
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      },
-      rng, spent);
+  const auto samples = measure(*b, kTiny, passes, [&] {
+    lead_ins.push_back({b->executed, std::chrono::steady_clock::now()});
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
   ASSERT_FALSE(samples.empty());
   ASSERT_EQ(b->executed, 3 * kLayerOps);  // one untimed pass, two timed
   std::vector<std::chrono::steady_clock::time_point> first(3);
@@ -190,13 +184,9 @@ TEST(Calibration, DecodeLayerOpsWriteMemoryEarlierOpsUsedAsTheExecutorLaysItOut)
   // still reads. (With a buffer per op, last written a pass earlier, its one-token RoPE, add and
   // SwiGLU timed slower than in a run: bench/NOTES.md, 2026-11-27.)
   RecordingBackend b(ReferenceBackend::reference_capabilities());
-  SplitMix64 rng{7};
-  detail::CalibrationSpent spent;
-  const auto samples = detail::measure_decode_layer(
-      b, {64, 4, 2, 16, 128}, {1, 1, 0.0}, [] {}, rng, spent);
+  const auto samples = measure(b, kTiny, {1, 1, 0.0}, [] {});
   ASSERT_FALSE(samples.empty());
-  constexpr size_t kLayerOps = 17;
-  ASSERT_EQ(b.runs.size(), 2 * kLayerOps);  // the warm-up pass and one timed pass
+  ASSERT_EQ(b.runs.size(), size_t(2 * kLayerOps));  // the warm-up pass and one timed pass
   const std::span<const RecordingBackend::Run> pass(b.runs.data() + kLayerOps, kLayerOps);
   auto over_earlier = [&](size_t j) {
     for (size_t i = 0; i < j; ++i) {
@@ -228,7 +218,7 @@ TEST(Calibration, DecodeLayerOpsWriteMemoryEarlierOpsUsedAsTheExecutorLaysItOut)
       }
     }
   }
-  EXPECT_GE(reused, kLayerOps / 2);
+  EXPECT_GE(reused, size_t(kLayerOps) / 2);
 }
 
 }  // namespace
