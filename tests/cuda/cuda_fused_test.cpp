@@ -2,10 +2,13 @@
 // against the reference backend by NMSE (cuda_ops_test.cpp has the other fused patterns).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "ops/rope_kv.h"
 #include "reference_backend.h"
 
 namespace tandem::test {
@@ -112,6 +115,89 @@ TEST(CudaFused, NormQkvRopeAndCacheWritesInOneLaunch) {
   step(3);
   expect_position_rejected(cuda_run, g.signature(), pos, int32_t(ctx));
   step(39);
+}
+
+// One token's Q, K and V products, then RoPE of Q and K and the cache writes, as NodeExecutions
+// over made-up addresses (the matching compares pointers only: no GPU needed). The executions
+// point into the graph: not copied.
+struct QkvRopeSegment {
+  Graph g;
+  TensorId q, k, v, qr, kr, kc, vc, kw, vw, pos;
+  std::vector<NodeExecution> execs;
+  QkvRopeSegment(int64_t tokens, DType k_cache, DType v_cache, bool neox, bool write_raw_k) {
+    const int64_t dim = 256, hd = 64, hq = 4, hkv = 2, ctx = 40;
+    TensorId h = g.input("h", DType::F32, {dim, tokens});
+    pos = g.input("pos", DType::I32, {tokens});
+    kc = g.kv_cache("kc", k_cache, {hd, hkv, ctx});
+    vc = g.kv_cache("vc", v_cache, {hd, hkv, ctx});
+    q = g.matmul(g.weight("wq", DType::Q4_0, {dim, hq * hd}), h);
+    k = g.matmul(g.weight("wk", DType::Q4_0, {dim, hkv * hd}), h);
+    v = g.matmul(g.weight("wv", DType::Q4_0, {dim, hkv * hd}), h);
+    auto rope = [&](TensorId x, int64_t heads) {
+      x = g.reshape(x, {hd, heads, tokens});
+      return neox ? g.rope_neox(x, pos, int32_t(hd), 10000.0f)
+                  : g.rope(x, pos, int32_t(hd), 10000.0f);
+    };
+    qr = rope(q, hq);
+    kr = rope(k, hkv);
+    kw = g.kv_write(kc, write_raw_k ? g.reshape(k, {hd, hkv, tokens}) : kr, pos);
+    vw = g.kv_write(vc, g.reshape(v, {hd, hkv, tokens}), pos);
+    for (const Node& n : g.nodes()) {  // graph order, as a segment runs
+      if (is_compute(n.op))
+        execs.push_back(execution_of(g, n, [&](TensorId id) { return address(id); }));
+    }
+  }
+  QkvRopeSegment(const QkvRopeSegment&) = delete;
+  QkvRopeSegment& operator=(const QkvRopeSegment&) = delete;
+  void* address(TensorId id) const {
+    const TensorDesc& d = g.tensor(id);
+    return reinterpret_cast<uint8_t*>((size_t(g.storage_of(id)) + 1) << 20) +
+           (d.is_view() ? d.view_offset : 0);
+  }
+};
+
+// The staged launch's RoPE tail takes the four nodes after Q, K and V of one token in the llama
+// graph's order, and rope_kv_write_kernel's matching takes the same four alone; anything else
+// (NeoX pairs, two tokens, the unrotated K cached, caches of two dtypes, two products) leaves
+// the tail out. Host code: runs without a GPU.
+TEST(CudaFused, RopeTailTakesOneTokensRopeAndCacheWrites) {
+  QkvRopeSegment s(1, DType::F16, DType::F16, false, false);
+  ASSERT_EQ(s.execs.size(), 7u);
+  cuda::RopeTail tail;
+  ASSERT_EQ(cuda::rope_tail_of(s.execs, 3, &tail), 4u);
+  EXPECT_EQ(tail.out[0], s.address(s.qr));
+  EXPECT_EQ(tail.out[1], s.address(s.kr));
+  EXPECT_EQ(tail.out[2], nullptr);
+  EXPECT_EQ(tail.cache[0], nullptr);
+  EXPECT_EQ(tail.cache[1], s.address(s.kw));
+  EXPECT_EQ(tail.cache[2], s.address(s.vw));
+  EXPECT_EQ(tail.token_stride[1], s.g.tensor(s.kc).nb[2]);
+  EXPECT_EQ(tail.capacity[2], 40);
+  EXPECT_EQ(tail.cache_dtype, DType::F16);
+  EXPECT_EQ(tail.pos, s.address(s.pos));
+  EXPECT_EQ(tail.head_dim, 64);
+  EXPECT_EQ(tail.n_rot, 64);
+  EXPECT_DOUBLE_EQ(tail.log_base, std::log(10000.0));
+  cuda::RopeKvMatch m;
+  ASSERT_EQ(cuda::match_rope_kv_write(std::span(s.execs).subspan(3), &m), 4u);
+  EXPECT_EQ(m.parts.count, 3);  // Q; K with its cache; V's cache
+  EXPECT_EQ(m.parts.part[1].cache, s.address(s.kw));
+  EXPECT_FALSE(m.parts.part[2].rotate);
+
+  EXPECT_EQ(cuda::rope_tail_of(s.execs, 2, &tail), 0u) << "Q and K alone";
+  struct Case {
+    const char* what;
+    int64_t tokens;
+    DType v_cache;
+    bool neox, write_raw_k;
+  };
+  for (const Case& c :
+       {Case{"neox", 1, DType::F16, true, false}, Case{"two tokens", 2, DType::F16, false, false},
+        Case{"the unrotated K cached", 1, DType::F16, false, true},
+        Case{"caches of two dtypes", 1, DType::F32, false, false}}) {
+    const QkvRopeSegment other(c.tokens, DType::F16, c.v_cache, c.neox, c.write_raw_k);
+    EXPECT_EQ(cuda::rope_tail_of(other.execs, 3, &tail), 0u) << c.what;
+  }
 }
 
 }  // namespace

@@ -10,11 +10,9 @@
 
 #include "common.cuh"
 #include "ops.h"
+#include "rope_kv.h"
 
 namespace tandem::cuda {
-
-// Most weight matrices (same K and dtype) one staged launch multiplies with the same b: Q, K and V.
-inline constexpr int kMaxParts = 3;
 
 // fn(std::integral_constant<int, n>) for n columns of b, 1 <= n <= kMatvecMaxColumns: the
 // matrix-vector kernels are compiled per column count.
@@ -79,21 +77,6 @@ struct NormedB {
   float* sum;      // the Add's output (written with r)
   float eps;
 };
-// With rope (Q, K and V of one token, then RoPE of Q and K and the cache writes of K and V, as
-// the llama graph emits them): after its row sums a CTA rotates its rows of the parts that
-// rotate, in pairs (2j, 2j + 1) of a head, and writes them to the Rope nodes' outputs and the
-// rows of the parts that have a cache to it at the token's position (rope_kv_write_kernel's
-// work, one launch fewer a layer). Arrays are per part.
-struct RopeTail {
-  const int32_t* pos = nullptr;  // the token's position
-  int32_t* error_flag = nullptr;
-  double log_base = 0.0;
-  int n_rot = 0, head_dim = 0;
-  float* out[kMaxParts] = {};      // the Rope node's output; nullptr: the part does not rotate
-  uint8_t* cache[kMaxParts] = {};  // the KvWrite node's cache; nullptr: none
-  int64_t token_stride[kMaxParts] = {}, capacity[kMaxParts] = {};
-  DType cache_dtype = DType::F16;
-};
 // Rows lr and lr + 1 of part p of a launch with a RopeTail, y0 and y1 their products at the
 // token's position: rotated where the part rotates (as rope_kv_write_kernel), written to its Rope
 // output, and to its cache row.
@@ -116,10 +99,6 @@ __device__ __forceinline__ void rope_tail_pair(const RopeTail& rope, int p, int 
     store_f32(rope.cache_dtype, row, lr + 1, y1);
   }
 }
-
-// The nodes after n products of one b that a RopeTail takes (4: Rope of products 0 and 1, then
-// KvWrite of the second Rope's output and of product 2), filling *tail; 0 where they are not that.
-size_t rope_tail_of(std::span<const NodeExecution> segment, size_t n, RopeTail* tail);
 
 // The staged kernel for one node, or for up to kMaxParts that share b (one part each), when the
 // layout allows it; false leaves them to the generic kernel (strided or unaligned weights, K not a

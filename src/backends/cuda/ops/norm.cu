@@ -89,10 +89,6 @@ void run_norm(const OpContext& ctx, const NodeExecution& e) {
   }
 }
 
-bool contiguous_f32(const TensorRef& t) {
-  return t.desc->dtype == DType::F32 && t.desc->is_contiguous();
-}
-
 }  // namespace
 
 size_t run_fused_add_rms_norm(const OpContext& ctx, std::span<const NodeExecution> segment) {

@@ -47,6 +47,11 @@ struct OpContext {
   }
 };
 
+// A contiguous f32 tensor (what the fused launches read and write as plain rows).
+inline bool contiguous_f32(const TensorRef& t) {
+  return t.desc->dtype == DType::F32 && t.desc->is_contiguous();
+}
+
 // Buffers carved out of an op's scratch start at this alignment (cuBLAS wants 256 bytes).
 inline constexpr size_t kScratchAlignment = 256;
 
