@@ -514,9 +514,12 @@ void attention_case(CudaBackend& backend, DType cache, int64_t d, int64_t hq, in
 TEST(CudaOps, AttentionPrefillAndDecode) {
   TANDEM_REQUIRE_GPU(backend);
   for (DType cache : {DType::F32, DType::F16}) {
-    attention_case(*backend, cache, 64, 8, 2, 16, iota_from(0, 7));        // prefill
-    attention_case(*backend, cache, 128, 32, 8, 1000, {999});              // split decode
-    attention_case(*backend, cache, 128, 32, 8, 4096, {17});               // short context
+    attention_case(*backend, cache, 64, 8, 2, 16, iota_from(0, 7));  // prefill
+    attention_case(*backend, cache, 128, 32, 8, 1000, {999});        // split decode
+    attention_case(*backend, cache, 128, 32, 8, 4096, {17});         // short context
+    // 128 keys run whole in one block per head, 129 split (both kernels, one launch).
+    attention_case(*backend, cache, 64, 32, 8, 600, {127, 128});
+    attention_case(*backend, cache, 128, 32, 8, 600, {127, 128});
     attention_case(*backend, cache, 80, 24, 2, 300, {5, 299, 150});        // odd dim, group 12
     attention_case(*backend, cache, 32, 4, 4, 2048, iota_from(1000, 40));  // MHA, long prefill
     attention_case(*backend, cache, 256, 16, 4, 64, {63, 0});              // largest dim
@@ -531,8 +534,9 @@ TEST(CudaOps, AttentionPrefillAndDecode) {
 
 TEST(CudaOps, DecodeAttentionReplayedWithNewPositions) {
   TANDEM_REQUIRE_GPU(backend);
-  // A captured decode step replayed at other positions: the split counters must be re-armed,
-  // and a position past the cache is a typed error that leaves the next step intact.
+  // A captured decode step replayed at other positions, whole contexts and split ones: the
+  // split counters must be re-armed, and a position past the cache is a typed error that leaves the
+  // next step intact.
   const int64_t d = 128, hq = 32, hkv = 8, ctx = 2048;
   Graph g;
   TensorId q = g.input("q", DType::F32, {d, hq, 1});
@@ -558,7 +562,7 @@ TEST(CudaOps, DecodeAttentionReplayedWithNewPositions) {
     EXPECT_LE(nmse(to_floats(desc, ref_run.get(out)), to_floats(desc, cuda_run.get(out))), kMatmul)
         << "position " << p << " seed " << test_seed();
   };
-  for (int32_t p : {2047, 100, 1500, 0}) step(p);
+  for (int32_t p : {2047, 100, 1500, 0, 127, 128}) step(p);
   expect_position_rejected(cuda_run, g.signature(), pos, int32_t(ctx));
   step(777);
 }

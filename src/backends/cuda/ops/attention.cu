@@ -1,7 +1,8 @@
 // Attention in one pass over K and V (online softmax), causal and grouped-query. A block
 // serves one kv head, one query token and one slice of the context for every query head that
 // shares the kv head, so K and V are read once. Short queries (decode) split the context over
-// many blocks; the last block of a token combines the slices (no second launch). Decode over an
+// many blocks; the last block of a token combines the slices (no second launch). A context of
+// at most kWholeKeys keys runs whole in the first slice's block. Decode over an
 // f16 cache with head dim 128 has its own kernel (decode_attention.cu: cp.async staging, tensor
 // cores); this general kernel serves every other shape.
 #include <algorithm>
@@ -21,6 +22,10 @@ constexpr int kMaxGroup =
 constexpr int kMaxDim = 256;
 // The combining block keeps one scale per (head, slice) in the reused accumulator tile.
 constexpr int kMaxSplits = kWarps * kMaxDim;
+// Contexts run whole in one block per head up to four steps of the block's warps (8 keys a warp
+// a step). 1B decode on an H100: tg128 (contexts up to 128) +13% over the split plan with its
+// handshake and combine (~5 us a layer), even at 128-192 keys, 5-20% slower from 192 on.
+constexpr int kWholeKeys = 4 * kWarps * (32 / kMaxGroup);
 static_assert(kWarps == 4 && kMaxGroup <= kWarps, "the combine gives one warp per head");
 static_assert(32 % kMaxGroup == 0, "a warp step scores 32 / kMaxGroup keys");
 
@@ -89,14 +94,40 @@ template <typename T, int kDpl, bool kFull>
 __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
     const float* q, const T* k, const T* v, const int32_t* pos, float* out, int D, int Hq, int Hkv,
     int C, int64_t head_stride, int64_t token_stride, float scale, int group_slices, int splits,
-    int chunk, float* partial, uint32_t* counters, int32_t* error_flag) {
+    int chunk, int whole_keys, float* partial, uint32_t* counters, int32_t* error_flag) {
   __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
   __shared__ float s_acc[kWarps][kMaxGroup][kMaxDim];
   __shared__ bool s_last;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const auto [hk, split, t, h0, n_heads] = block_place<kMaxGroup>(Hq, Hkv, group_slices);
+  // Launched as a programmatic dependent: until the preceding kernel is done (it may write q,
+  // this token's K/V row, even pos) the block only pulls its first keys (a whole context: all
+  // of them) into the L2, as far as a relaxed read of pos says the context reaches (a stale
+  // hint costs fetches, never results); the next kernel may launch at once and fetch its
+  // weights while this one runs (1B F16 decode on an H100: +5%).
+  {
+    int hint;
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(hint) : "l"(pos + t));
+    const int reach = hint >= 0 && hint < C ? hint + 1 : 0;
+    const bool whole = reach <= whole_keys;
+    const int first = whole ? (split == 0 ? 0 : reach) : split * chunk;
+    const int last = whole ? reach : min(first + chunk, min(reach, first + 32));
+    const int64_t row_bytes = int64_t(D) * int64_t(sizeof(T));
+    const int lines = int((row_bytes + 127) / 128);
+    for (int i = threadIdx.x; i < 2 * lines * (last - first); i += blockDim.x) {
+      const int key = first + i / (2 * lines), line = (i / 2) % lines;
+      const T* base = (i % 2 ? v : k) + hk * head_stride + int64_t(key) * token_stride;
+      prefetch_l2(reinterpret_cast<const unsigned char*>(base) + int64_t(line) * 128);
+    }
+  }
+  grid_launch_dependents();
+  grid_dependency_wait();
   const int n_kv = keys_seen(pos[t], C, error_flag);
-  const int begin = split * chunk, end = min(begin + chunk, n_kv);
+  // A short context runs whole in split 0 (the other splits leave at once): the split handshake
+  // and combine cost more than its keys (1B decode on an H100: ~5 us a layer).
+  const bool whole = n_kv <= whole_keys;
+  if (whole && split > 0) return;
+  const int begin = whole ? 0 : split * chunk, end = whole ? n_kv : min(begin + chunk, n_kv);
   const int d0 = lane * kDpl;
 
   float qr[kMaxGroup][kDpl], acc[kMaxGroup][kDpl], m[kMaxGroup], l[kMaxGroup];
@@ -199,7 +230,7 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
       }
     }
     const int64_t h = h0 + g;
-    if (splits == 1) {
+    if (splits == 1 || whole) {
       out[(int64_t(t) * Hq + h) * D + d] = L > 0.0f ? A / L : 0.0f;
     } else {
       float* part = partial + ((int64_t(t) * Hq + h) * splits + split) * stride;
@@ -210,7 +241,7 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
       }
     }
   }
-  if (splits == 1) return;
+  if (splits == 1 || whole) return;
   uint32_t* counter = counters + int64_t(t) * gridDim.x + blockIdx.x;
   if (!last_to_arrive(counter, splits, s_last)) return;
   // Warp g finds head g's slice scales (one pass over m and l); then each warp sums a quarter
@@ -285,7 +316,7 @@ AttentionPlan plan_attention(const TensorDesc& q, const TensorDesc& k, int sm_co
   }
   const int64_t chunk = (C + splits - 1) / splits;
   splits = (C + chunk - 1) / chunk;
-  return AttentionPlan{group_slices, int(splits), int(chunk)};
+  return AttentionPlan{group_slices, int(splits), int(chunk), kWholeKeys};
 }
 
 template <typename T, int kDpl>
@@ -295,12 +326,18 @@ void launch(const OpContext& ctx, const NodeExecution& e, const AttentionPlan& p
   const int64_t elem = int64_t(sizeof(T));
   dim3 grid(unsigned(k.ne[1] * plan.group_slices), unsigned(plan.splits), unsigned(q.ne[2]));
   auto args = [&](auto kernel) {
-    kernel<<<grid, kWarps * 32, 0, ctx.stream>>>(
-        static_cast<const float*>(e.inputs[0].data), static_cast<const T*>(e.inputs[1].data),
-        static_cast<const T*>(e.inputs[2].data), static_cast<const int32_t*>(e.inputs[3].data),
-        static_cast<float*>(e.output.data), int(q.ne[0]), int(q.ne[1]), int(k.ne[1]), int(k.ne[2]),
-        k.nb[1] / elem, k.nb[2] / elem, e.node->params.scale, plan.group_slices, plan.splits,
-        plan.chunk, static_cast<float*>(ctx.scratch), ctx.counters, ctx.error_flag);
+    const float* qp = static_cast<const float*>(e.inputs[0].data);
+    const T* kp = static_cast<const T*>(e.inputs[1].data);
+    const T* vp = static_cast<const T*>(e.inputs[2].data);
+    const int32_t* pp = static_cast<const int32_t*>(e.inputs[3].data);
+    float* op = static_cast<float*>(e.output.data);
+    float* partial = static_cast<float*>(ctx.scratch);
+    ctx.check(
+        launch_programmatic(ctx.stream, grid, dim3(kWarps * 32), 0, kernel, qp, kp, vp, pp, op,
+                            int(q.ne[0]), int(q.ne[1]), int(k.ne[1]), int(k.ne[2]), k.nb[1] / elem,
+                            k.nb[2] / elem, e.node->params.scale, plan.group_slices, plan.splits,
+                            plan.chunk, plan.whole_keys, partial, ctx.counters, ctx.error_flag),
+        "attention", "launch");
   };
   if (full) {
     args(attention_kernel<T, kDpl, true>);
@@ -337,7 +374,7 @@ AttentionPlan fit_to_context(const OpContext& ctx, const TensorDesc& q, const Te
   const size_t counters_needed = size_t(k.ne[1] * plan.group_slices * q.ne[2]);
   if (plan.splits > 1 &&
       (counters_needed > ctx.counter_count || partial_bytes(q, plan) > ctx.scratch_bytes)) {
-    plan = AttentionPlan{plan.group_slices, 1, int(k.ne[2])};
+    plan = AttentionPlan{plan.group_slices, 1, int(k.ne[2]), 0};
   }
   return plan;
 }

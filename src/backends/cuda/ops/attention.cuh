@@ -18,6 +18,9 @@ struct AttentionPlan {
   int group_slices;
   int splits;
   int chunk;
+  // A token whose context has at most this many keys runs it whole in split 0 (the other
+  // splits leave at once): below it, the split handshake and combine cost more than the keys.
+  int whole_keys = 0;
 };
 
 // Scratch bytes of the plan's partial results (none for one split).
