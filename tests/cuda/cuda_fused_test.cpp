@@ -124,7 +124,9 @@ struct QkvRopeSegment {
   Graph g;
   TensorId q, k, v, qr, kr, kc, vc, kw, vw, pos;
   std::vector<NodeExecution> execs;
-  QkvRopeSegment(int64_t tokens, DType k_cache, DType v_cache, bool neox, bool write_raw_k) {
+  TensorId att = kNoTensor;
+  QkvRopeSegment(int64_t tokens, DType k_cache, DType v_cache, bool neox, bool write_raw_k,
+                 bool with_attention = false) {
     const int64_t dim = 256, hd = 64, hq = 4, hkv = 2, ctx = 40;
     TensorId h = g.input("h", DType::F32, {dim, tokens});
     pos = g.input("pos", DType::I32, {tokens});
@@ -142,6 +144,7 @@ struct QkvRopeSegment {
     kr = rope(k, hkv);
     kw = g.kv_write(kc, write_raw_k ? g.reshape(k, {hd, hkv, tokens}) : kr, pos);
     vw = g.kv_write(vc, g.reshape(v, {hd, hkv, tokens}), pos);
+    if (with_attention) att = g.attention(qr, kw, vw, pos, 0.125f);
     for (const Node& n : g.nodes()) {  // graph order, as a segment runs
       if (is_compute(n.op))
         execs.push_back(execution_of(g, n, [&](TensorId id) { return address(id); }));
@@ -198,6 +201,120 @@ TEST(CudaFused, RopeTailTakesOneTokensRopeAndCacheWrites) {
     const QkvRopeSegment other(c.tokens, DType::F16, c.v_cache, c.neox, c.write_raw_k);
     EXPECT_EQ(cuda::rope_tail_of(other.execs, 3, &tail), 0u) << c.what;
   }
+}
+
+// The same four nodes with the Attention after them: the general attention kernel takes all five
+// (match_rope_kv_attention); the cases the RoPE tail refuses (caches of two dtypes make no
+// attention), and an attention that does not read what they write, leave the attention out.
+// Host code: runs without a GPU.
+TEST(CudaFused, RopeKvAttentionTakesOneTokensFiveNodes) {
+  QkvRopeSegment s(1, DType::F16, DType::F16, false, false, true);
+  ASSERT_EQ(s.execs.size(), 8u);
+  const std::span<const NodeExecution> after_products = std::span(s.execs).subspan(3);
+  cuda::RopeKvMatch m;
+  ASSERT_EQ(cuda::match_rope_kv_attention(after_products, &m), 5u);
+  EXPECT_EQ(m.parts.part[0].out, s.address(s.qr));
+  EXPECT_EQ(m.parts.part[1].cache, s.address(s.kw));
+  EXPECT_EQ(m.parts.part[2].cache, s.address(s.vw));
+  EXPECT_EQ(m.positions->data, s.address(s.pos));
+  EXPECT_EQ(cuda::match_rope_kv_attention(after_products.first(4), &m), 0u) << "no attention";
+  struct Case {
+    const char* what;
+    int64_t tokens;
+    DType v_cache;
+    bool neox, write_raw_k;
+  };
+  for (const Case& c :
+       {Case{"neox", 1, DType::F16, true, false}, Case{"two tokens", 2, DType::F16, false, false},
+        Case{"the unrotated K cached", 1, DType::F16, false, true}}) {
+    const QkvRopeSegment other(c.tokens, DType::F16, c.v_cache, c.neox, c.write_raw_k, true);
+    EXPECT_EQ(cuda::match_rope_kv_attention(std::span(other.execs).subspan(3), &m), 0u) << c.what;
+  }
+  // The attention reading another query than the Q Rope's output.
+  std::vector<NodeExecution> other_q = s.execs;
+  other_q.back().inputs[0] = other_q[0].output;
+  EXPECT_EQ(cuda::match_rope_kv_attention(std::span(other_q).subspan(3), &m), 0u);
+}
+
+// One token's RoPE of Q and K, the cache writes and the attention over the caches, captured as
+// one segment: a launch of the general attention kernel that rotates and writes them itself
+// (graph_stats counts it), against the reference: both cache dtypes, head dims 64 and 96 (and
+// 128 over an f32 cache), whole and partial rotation, a context run whole and one split; then
+// replayed at new positions, a position past the cache the same typed error as before.
+TEST(CudaFused, RopeCacheWritesAndAttentionInOneLaunch) {
+  TANDEM_REQUIRE_GPU(backend);
+  struct Shape {
+    int64_t hd, hq, hkv;
+    DType cache;
+  };
+  const int64_t ctx = 600;
+  auto build = [&](Graph& g, const Shape& sh, int32_t n_rot, TensorId* pos_out) {
+    TensorId q = g.input("q", DType::F32, {sh.hd, sh.hq, 1});
+    TensorId k = g.input("k", DType::F32, {sh.hd, sh.hkv, 1});
+    TensorId v = g.input("v", DType::F32, {sh.hd, sh.hkv, 1});
+    TensorId pos = g.input("pos", DType::I32, {1});
+    TensorId kc = g.kv_cache("kc", sh.cache, {sh.hd, sh.hkv, ctx});
+    TensorId vc = g.kv_cache("vc", sh.cache, {sh.hd, sh.hkv, ctx});
+    TensorId qr = g.rope(q, pos, n_rot, 500000.0f);
+    TensorId kr = g.rope(k, pos, n_rot, 500000.0f);
+    TensorId kw = g.kv_write(kc, kr, pos), vw = g.kv_write(vc, v, pos);
+    TensorId att = g.attention(qr, kw, vw, pos, 1.0f / std::sqrt(float(sh.hd)));
+    for (TensorId t : {qr, kr, kw, vw, att}) g.mark_output(t);
+    *pos_out = pos;
+  };
+  for (const Shape& sh : {Shape{64, 32, 8, DType::F16}, Shape{64, 32, 8, DType::F32},
+                          Shape{96, 8, 2, DType::F16}, Shape{128, 16, 4, DType::F32}}) {
+    for (int32_t n_rot : {int32_t(sh.hd), int32_t(sh.hd / 2)}) {
+      for (int32_t p : {17, 450}) {
+        Graph g;
+        TensorId pos;
+        build(g, sh, n_rot, &pos);
+        const std::string what = "hd " + std::to_string(sh.hd) + " cache " +
+                                 std::string(dtype_name(sh.cache)) + " n_rot " +
+                                 std::to_string(n_rot) + " position " + std::to_string(p);
+        const auto before = backend->graph_stats();
+        const Comparison c =
+            compare_with_reference(g, *backend, {{pos, ints_bytes({p})}}, /*as_segment=*/true);
+        const auto after = backend->graph_stats();
+        // The second position may replay the first one's capture (the same graph, buffers at
+        // the same addresses): the launch decides whole or split from the position it reads.
+        if (p == 17 || after.replays == before.replays) {
+          EXPECT_EQ(after.fused_launches - before.fused_launches, 1) << what;
+          EXPECT_EQ(after.fused_nodes - before.fused_nodes, 5) << what;
+        }
+        ASSERT_EQ(c.nmse.size(), 5u);
+        for (size_t i = 0; i < 4; ++i) EXPECT_LE(c.nmse[i], kRope) << what << " output " << i;
+        EXPECT_LE(c.nmse[4], kMatmul) << what << " attention";
+      }
+    }
+  }
+  Graph g;
+  TensorId pos;
+  build(g, Shape{64, 32, 8, DType::F16}, 64, &pos);
+  ReferenceBackend reference;
+  GraphRunner ref_run(g, reference), cuda_run(g, *backend);
+  std::mt19937 rng(test_seed());
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::Input && n.op != OpKind::KvCache) continue;
+    if (n.id == pos) continue;
+    const Bytes bytes = random_leaf(g.tensor(n.id), rng);
+    ref_run.set(n.id, bytes);
+    cuda_run.set(n.id, bytes);
+  }
+  auto step = [&](int32_t p) {
+    ref_run.set(pos, ints_bytes({p}));
+    cuda_run.set(pos, ints_bytes({p}));
+    ref_run.run();
+    cuda_run.run(true, g.signature());
+    for (TensorId out : g.outputs()) {
+      const TensorDesc& desc = g.tensor(out);
+      EXPECT_LE(nmse(to_floats(desc, ref_run.get(out)), to_floats(desc, cuda_run.get(out))), kRope)
+          << "position " << p << " seed " << test_seed();
+    }
+  };
+  for (int32_t p : {599, 3, 128, 127, 300}) step(p);
+  expect_position_rejected(cuda_run, g.signature(), pos, int32_t(ctx));
+  step(40);
 }
 
 }  // namespace

@@ -6,10 +6,12 @@
 // f16 cache with head dim 128 has its own kernel (decode_attention.cu: cp.async staging, tensor
 // cores); this general kernel serves every other shape.
 #include <algorithm>
+#include <cmath>
 
 #include "attention.cuh"
 #include "common.cuh"
 #include "ops.h"
+#include "rope_kv.h"
 #include "tandem/error.h"
 
 namespace tandem::cuda {
@@ -90,11 +92,38 @@ __device__ __forceinline__ float transpose_reduce(float (&v)[32], int lane) {
   return v[0];
 }
 
-template <typename T, int kDpl, bool kFull>
+// With kRope (one token, run_fused_rope_kv_attention) the kernel also does the RoPE of Q and K
+// and the two cache writes before it: q is the unrotated Q, and every block rotates its heads'
+// q in registers (pair (2j, 2j + 1) in one lane: kDpl even). The block whose keys hold the
+// token's position (split 0 for a whole context) writes its heads' rotated q to the Q Rope's
+// output and the rotated K row and the V row of its kv head to the K Rope's output and the caches,
+// then reads them back with the other keys (one slice per kv head: no other block reads them).
+struct AttentionRope {
+  const float* k_src = nullptr;  // the token's unrotated K, [D, Hkv]
+  const float* v_src = nullptr;  // and V
+  float* q_out = nullptr;        // the Rope nodes' outputs, [D, Hq] and [D, Hkv]
+  float* k_out = nullptr;
+  int n_rot = 0;
+  double log_base = 0.0;
+};
+
+// cos and sin of pair (dim, dim + 1)'s angle, as rope_pair computes it (the identity past n_rot).
+__device__ __forceinline__ void rope_angle(int dim, int32_t position, const AttentionRope& rope,
+                                           double& c, double& s) {
+  c = 1.0;
+  s = 0.0;
+  if (dim < rope.n_rot) {
+    sincos(double(position) * exp(-double(dim) / rope.n_rot * rope.log_base), &s, &c);
+  }
+}
+
+template <typename T, int kDpl, bool kFull, bool kRope>
 __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
     const float* q, const T* k, const T* v, const int32_t* pos, float* out, int D, int Hq, int Hkv,
     int C, int64_t head_stride, int64_t token_stride, float scale, int group_slices, int splits,
-    int chunk, int whole_keys, float* partial, uint32_t* counters, int32_t* error_flag) {
+    int chunk, int whole_keys, float* partial, uint32_t* counters, int32_t* error_flag,
+    AttentionRope rope) {
+  static_assert(!kRope || kDpl % 2 == 0, "a lane holds whole pairs");
   __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
   __shared__ float s_acc[kWarps][kMaxGroup][kMaxDim];
   __shared__ bool s_last;
@@ -138,9 +167,54 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
 #pragma unroll
     for (int i = 0; i < kDpl; ++i) {
       acc[g][i] = 0.0f;
-      qr[g][i] =
-          g < n_heads && d0 + i < D ? q[(int64_t(t) * Hq + h0 + g) * D + d0 + i] * scale : 0.0f;
+      qr[g][i] = !kRope && g < n_heads && d0 + i < D
+                     ? q[(int64_t(t) * Hq + h0 + g) * D + d0 + i] * scale
+                     : 0.0f;
     }
+  }
+  if constexpr (kRope) {
+    const int32_t position = pos[t];
+    const bool owner = whole ? split == 0 : begin <= n_kv - 1 && n_kv - 1 < begin + chunk;
+#pragma unroll
+    for (int i = 0; i < kDpl; i += 2) {
+      const int dim = d0 + i;
+      if (dim >= D) break;  // D is even: dim + 1 < D
+      double c, sn;
+      rope_angle(dim, position, rope, c, sn);
+      auto rotate = [&](const float* x, float& y0, float& y1) {
+        y0 = float(double(x[dim]) * c - double(x[dim + 1]) * sn);
+        y1 = float(double(x[dim]) * sn + double(x[dim + 1]) * c);
+      };
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g >= n_heads) break;
+        float y0, y1;
+        rotate(q + int64_t(h0 + g) * D, y0, y1);
+        qr[g][i] = y0 * scale;
+        qr[g][i + 1] = y1 * scale;
+        if (owner && warp == 0) {
+          rope.q_out[int64_t(h0 + g) * D + dim] = y0;
+          rope.q_out[int64_t(h0 + g) * D + dim + 1] = y1;
+        }
+      }
+      if (owner && warp == 1) {
+        float y0, y1;
+        rotate(rope.k_src + int64_t(hk) * D, y0, y1);
+        rope.k_out[int64_t(hk) * D + dim] = y0;
+        rope.k_out[int64_t(hk) * D + dim + 1] = y1;
+        if (n_kv > 0) {
+          T* row = const_cast<T*>(k) + hk * head_stride + int64_t(n_kv - 1) * token_stride;
+          row[dim] = T(y0);
+          row[dim + 1] = T(y1);
+        }
+      }
+      if (owner && warp == 2 && n_kv > 0) {
+        T* row = const_cast<T*>(v) + hk * head_stride + int64_t(n_kv - 1) * token_stride;
+        row[dim] = T(rope.v_src[int64_t(hk) * D + dim]);
+        row[dim + 1] = T(rope.v_src[int64_t(hk) * D + dim + 1]);
+      }
+    }
+    if (owner) __syncthreads();  // the rows are written before any warp reads them
   }
   const T* kh = k + hk * head_stride;
   const T* vh = v + hk * head_stride;
@@ -319,14 +393,23 @@ AttentionPlan plan_attention(const TensorDesc& q, const TensorDesc& k, int sm_co
   return AttentionPlan{group_slices, int(splits), int(chunk), kWholeKeys};
 }
 
+// The general kernel for node e; with `rope` (the match of run_fused_rope_kv_attention) it also
+// does the RoPE and cache writes before it, from the unrotated Q.
 template <typename T, int kDpl>
-void launch(const OpContext& ctx, const NodeExecution& e, const AttentionPlan& plan, bool full) {
+void launch(const OpContext& ctx, const NodeExecution& e, const AttentionPlan& plan, bool full,
+            const RopeKvMatch* rope) {
   const TensorDesc& q = *e.inputs[0].desc;
   const TensorDesc& k = *e.inputs[1].desc;
   const int64_t elem = int64_t(sizeof(T));
   dim3 grid(unsigned(k.ne[1] * plan.group_slices), unsigned(plan.splits), unsigned(q.ne[2]));
+  AttentionRope r;
+  if (rope) {
+    const RopeKvParts& parts = rope->parts;
+    r = AttentionRope{parts.part[1].src, parts.part[2].src, parts.part[0].out,
+                      parts.part[1].out, rope->n_rot,       std::log(double(rope->freq_base))};
+  }
   auto args = [&](auto kernel) {
-    const float* qp = static_cast<const float*>(e.inputs[0].data);
+    const float* qp = rope ? rope->parts.part[0].src : static_cast<const float*>(e.inputs[0].data);
     const T* kp = static_cast<const T*>(e.inputs[1].data);
     const T* vp = static_cast<const T*>(e.inputs[2].data);
     const int32_t* pp = static_cast<const int32_t*>(e.inputs[3].data);
@@ -336,29 +419,42 @@ void launch(const OpContext& ctx, const NodeExecution& e, const AttentionPlan& p
         launch_programmatic(ctx.stream, grid, dim3(kWarps * 32), 0, kernel, qp, kp, vp, pp, op,
                             int(q.ne[0]), int(q.ne[1]), int(k.ne[1]), int(k.ne[2]), k.nb[1] / elem,
                             k.nb[2] / elem, e.node->params.scale, plan.group_slices, plan.splits,
-                            plan.chunk, plan.whole_keys, partial, ctx.counters, ctx.error_flag),
+                            plan.chunk, plan.whole_keys, partial, ctx.counters, ctx.error_flag, r),
         "attention", "launch");
   };
+  if constexpr (kDpl % 2 == 0) {
+    if (rope) {
+      return full ? args(attention_kernel<T, kDpl, true, true>)
+                  : args(attention_kernel<T, kDpl, false, true>);
+    }
+  }
   if (full) {
-    args(attention_kernel<T, kDpl, true>);
+    args(attention_kernel<T, kDpl, true, false>);
   } else {
-    args(attention_kernel<T, kDpl, false>);
+    args(attention_kernel<T, kDpl, false, false>);
   }
 }
 
 template <typename T>
 void launch_for_dim(const OpContext& ctx, const NodeExecution& e, const AttentionPlan& plan,
-                    bool aligned) {
+                    bool aligned, const RopeKvMatch* rope = nullptr) {
   const int64_t D = e.inputs[0].desc->ne[0];
   if (D <= 32) {
-    launch<T, 1>(ctx, e, plan, aligned && D == 32);
+    launch<T, 1>(ctx, e, plan, aligned && D == 32, rope);
   } else if (D <= 64) {
-    launch<T, 2>(ctx, e, plan, aligned && D == 64);
+    launch<T, 2>(ctx, e, plan, aligned && D == 64, rope);
   } else if (D <= 128) {
-    launch<T, 4>(ctx, e, plan, aligned && D == 128);
+    launch<T, 4>(ctx, e, plan, aligned && D == 128, rope);
   } else {
-    launch<T, 8>(ctx, e, plan, aligned && D == 256);
+    launch<T, 8>(ctx, e, plan, aligned && D == 256, rope);
   }
+}
+
+// Whether the general kernel's loads may be 16-byte vectors.
+bool aligned_caches(const NodeExecution& e) {
+  const TensorDesc& k = *e.inputs[1].desc;
+  return is_aligned(e.inputs[1].data, 16) && is_aligned(e.inputs[2].data, 16) &&
+         k.nb[1] % 16 == 0 && k.nb[2] % 16 == 0;
 }
 
 }  // namespace
@@ -400,17 +496,37 @@ void run_attention(const OpContext& ctx, const NodeExecution& e) {
     return;
   }
   const AttentionPlan plan = fit_to_context(ctx, q, k, plan_attention(q, k, ctx.sm_count));
-  const bool aligned = is_aligned(e.inputs[1].data, 16) && is_aligned(e.inputs[2].data, 16) &&
-                       k.nb[1] % 16 == 0 && k.nb[2] % 16 == 0;
   if (k.dtype == DType::F16) {
-    launch_for_dim<__half>(ctx, e, plan, aligned);
+    launch_for_dim<__half>(ctx, e, plan, aligned_caches(e));
   } else {
-    launch_for_dim<float>(ctx, e, plan, aligned);
+    launch_for_dim<float>(ctx, e, plan, aligned_caches(e));
   }
   ctx.check_launch("attention");
 }
 
 }  // namespace
+
+size_t run_fused_rope_kv_attention(const OpContext& ctx, std::span<const NodeExecution> segment) {
+  RopeKvMatch m;
+  if (match_rope_kv_attention(segment, &m) != 5) return 0;
+  const NodeExecution& e = segment[4];
+  const TensorDesc& q = *e.inputs[0].desc;
+  const TensorDesc& k = *e.inputs[1].desc;
+  // The general kernel's shapes with whole pairs in a lane and one slice per kv head; the
+  // decode kernel's (head dim 128 over f16) keep their own launches.
+  if (q.ne[0] <= 32 || q.ne[0] > kMaxDim || q.ne[1] % k.ne[1] != 0 ||
+      q.ne[1] / k.ne[1] > kMaxGroup || decode_attention_takes(ctx, e)) {
+    return 0;
+  }
+  const AttentionPlan plan = fit_to_context(ctx, q, k, plan_attention(q, k, ctx.sm_count));
+  if (k.dtype == DType::F16) {
+    launch_for_dim<__half>(ctx, e, plan, aligned_caches(e), &m);
+  } else {
+    launch_for_dim<float>(ctx, e, plan, aligned_caches(e), &m);
+  }
+  ctx.check_launch("rope + kv_write + attention");
+  return 5;
+}
 
 void add_attention_kernels(KernelTable<Kernel>& rows) {
   const Kernel attention{run_attention, attention_scratch_bytes};

@@ -81,6 +81,7 @@ __device__ __forceinline__ bool last_to_arrive(uint32_t* counter, int splits, bo
 // The decode kernel: the scratch it would use for this node (0 when the shape is not its), and
 // its launch when the node's shape, alignment and device allow (false: use the general kernel).
 size_t decode_attention_scratch_bytes(const NodeExecution& e, int sm_count);
+bool decode_attention_takes(const OpContext& ctx, const NodeExecution& e);
 bool try_decode_attention(const OpContext& ctx, const NodeExecution& e);
 
 }  // namespace tandem::cuda

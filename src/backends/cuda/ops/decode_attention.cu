@@ -464,11 +464,13 @@ size_t decode_attention_scratch_bytes(const NodeExecution& e, int sm_count) {
   return partial_bytes(q, plan_decode_attention(q, *e.inputs[1].desc, sm_count));
 }
 
+bool decode_attention_takes(const OpContext& ctx, const NodeExecution& e) {
+  return is_decode_shape(e) && decode_aligned(ctx, e) && decode_smem_bytes(ctx) > 0;
+}
+
 bool try_decode_attention(const OpContext& ctx, const NodeExecution& e) {
-  if (!is_decode_shape(e) || !decode_aligned(ctx, e)) return false;
-  const int smem = decode_smem_bytes(ctx);
-  if (smem == 0) return false;
-  launch_decode(ctx, e, smem);
+  if (!decode_attention_takes(ctx, e)) return false;
+  launch_decode(ctx, e, decode_smem_bytes(ctx));
   return true;
 }
 

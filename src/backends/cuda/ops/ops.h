@@ -111,6 +111,9 @@ size_t run_fused_expert_down_combine(const OpContext& ctx, std::span<const NodeE
 size_t run_fused_moe_route_weights(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - RoPE of Q and K and the KV-cache writes of K and V at the same positions (rope.cu).
 size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecution> segment);
+// The same four nodes and the Attention after them (one token, the general kernel's shapes): one
+// launch of the attention kernel (attention.cu).
+size_t run_fused_rope_kv_attention(const OpContext& ctx, std::span<const NodeExecution> segment);
 // ExpertMatMul with quantized weights through the matrix-vector kernels (b quantized to int8
 // once; expert_matmul.cu): false where they do not apply (moe.cu's element-wise kernel then
 // runs it), and the scratch they need.

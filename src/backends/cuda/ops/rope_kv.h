@@ -43,6 +43,12 @@ struct RopeKvMatch {
 // How many of the segment's first nodes that is (fewer than 2: no fused launch), filling *m.
 size_t match_rope_kv_write(std::span<const NodeExecution> segment, RopeKvMatch* m);
 
+// The four nodes match_rope_kv_write takes for one token (Q rotated; K rotated and cached; V
+// cached; adjacent pairs, one head size) and the Attention after them over the two caches, at the
+// same position, reading the Q Rope's output: 5, filling *m; else 0. The general attention
+// kernel then rotates and writes them itself (attention.cu).
+size_t match_rope_kv_attention(std::span<const NodeExecution> segment, RopeKvMatch* m);
+
 // Most weight matrices (same K and dtype) one staged launch multiplies with one b: Q, K and V.
 inline constexpr int kMaxParts = 3;
 // With a RopeTail the staged launch of Q, K and V of one token (products 0, 1, 2) does the work
