@@ -16,6 +16,42 @@ namespace {
 
 constexpr double kExact = 1e-7, kMatmul = 5e-4, kRope = 1e-3;
 
+// One token's graph run on the reference and as a captured CUDA segment from the same random
+// leaves, the position aside: step(p) replays it at position p and checks `outs` by NMSE.
+class PositionReplay {
+ public:
+  PositionReplay(const Graph& g, Backend& cuda, TensorId pos)
+      : g_(g), pos_(pos), ref_run_(g, reference_), cuda_run_(g, cuda) {
+    std::mt19937 rng(test_seed());
+    for (const Node& n : g.nodes()) {
+      if (!is_leaf(n.op) || n.id == pos) continue;
+      const Bytes bytes = random_leaf(g.tensor(n.id), rng);
+      ref_run_.set(n.id, bytes);
+      cuda_run_.set(n.id, bytes);
+    }
+  }
+  void step(int32_t p, const std::vector<TensorId>& outs) {
+    ref_run_.set(pos_, ints_bytes({p}));
+    cuda_run_.set(pos_, ints_bytes({p}));
+    ref_run_.run();
+    cuda_run_.run(true, g_.signature());
+    for (TensorId out : outs) {
+      const TensorDesc& desc = g_.tensor(out);
+      EXPECT_LE(nmse(to_floats(desc, ref_run_.get(out)), to_floats(desc, cuda_run_.get(out))),
+                kRope)
+          << "position " << p << " seed " << test_seed();
+    }
+  }
+  // A position past the cache: the launch flags it and the step fails with InvalidArgument.
+  void expect_rejected(int32_t p) { expect_position_rejected(cuda_run_, g_.signature(), pos_, p); }
+
+ private:
+  const Graph& g_;
+  TensorId pos_;
+  ReferenceBackend reference_;
+  GraphRunner ref_run_, cuda_run_;
+};
+
 // One token's attention inputs as the llama graph emits them: [the residual Add,] the RmsNorm,
 // the Q, K and V products of its output, RoPE of Q and K, the cache writes of K (rotated) and
 // V. A captured segment runs them as one launch of the staged kernel (graph_stats counts it),
@@ -91,30 +127,10 @@ TEST(CudaFused, NormQkvRopeAndCacheWritesInOneLaunch) {
   TensorId vw = g.kv_write(vc, g.reshape(v, {hd, hkv, 1}), pos);
   g.mark_output(kw);
   g.mark_output(vw);
-  ReferenceBackend reference;
-  GraphRunner ref_run(g, reference), cuda_run(g, *backend);
-  std::mt19937 rng(test_seed());
-  for (const Node& n : g.nodes()) {
-    if (n.op != OpKind::Input && n.op != OpKind::Weight && n.op != OpKind::KvCache) continue;
-    if (n.id == pos) continue;
-    const Bytes bytes = random_leaf(g.tensor(n.id), rng);
-    ref_run.set(n.id, bytes);
-    cuda_run.set(n.id, bytes);
-  }
-  auto step = [&](int32_t p) {
-    ref_run.set(pos, ints_bytes({p}));
-    cuda_run.set(pos, ints_bytes({p}));
-    ref_run.run();
-    cuda_run.run(true, g.signature());
-    for (TensorId out : {qr, kw, vw}) {
-      const TensorDesc& desc = g.tensor(out);
-      EXPECT_LE(nmse(to_floats(desc, ref_run.get(out)), to_floats(desc, cuda_run.get(out))), kRope)
-          << "position " << p << " seed " << test_seed();
-    }
-  };
-  step(3);
-  expect_position_rejected(cuda_run, g.signature(), pos, int32_t(ctx));
-  step(39);
+  PositionReplay replay(g, *backend, pos);
+  replay.step(3, {qr, kw, vw});
+  replay.expect_rejected(int32_t(ctx));
+  replay.step(39, {qr, kw, vw});
 }
 
 // One token's Q, K and V products, then RoPE of Q and K and the cache writes, as NodeExecutions
@@ -159,6 +175,18 @@ struct QkvRopeSegment {
   }
 };
 
+// Segments the fused matchings refuse (QkvRopeSegment's arguments, K's cache f16).
+struct RefusedCase {
+  const char* what;
+  int64_t tokens;
+  DType v_cache;
+  bool neox, write_raw_k;
+};
+constexpr RefusedCase kRefused[] = {{"neox", 1, DType::F16, true, false},
+                                    {"two tokens", 2, DType::F16, false, false},
+                                    {"the unrotated K cached", 1, DType::F16, false, true},
+                                    {"caches of two dtypes", 1, DType::F32, false, false}};
+
 // The staged launch's RoPE tail takes the four nodes after Q, K and V of one token in the llama
 // graph's order, and rope_kv_write_kernel's matching takes the same four alone; anything else
 // (NeoX pairs, two tokens, the unrotated K cached, caches of two dtypes, two products) leaves
@@ -188,16 +216,7 @@ TEST(CudaFused, RopeTailTakesOneTokensRopeAndCacheWrites) {
   EXPECT_FALSE(m.parts.part[2].rotate);
 
   EXPECT_EQ(cuda::rope_tail_of(s.execs, 2, &tail), 0u) << "Q and K alone";
-  struct Case {
-    const char* what;
-    int64_t tokens;
-    DType v_cache;
-    bool neox, write_raw_k;
-  };
-  for (const Case& c :
-       {Case{"neox", 1, DType::F16, true, false}, Case{"two tokens", 2, DType::F16, false, false},
-        Case{"the unrotated K cached", 1, DType::F16, false, true},
-        Case{"caches of two dtypes", 1, DType::F32, false, false}}) {
+  for (const RefusedCase& c : kRefused) {
     const QkvRopeSegment other(c.tokens, DType::F16, c.v_cache, c.neox, c.write_raw_k);
     EXPECT_EQ(cuda::rope_tail_of(other.execs, 3, &tail), 0u) << c.what;
   }
@@ -218,15 +237,8 @@ TEST(CudaFused, RopeKvAttentionTakesOneTokensFiveNodes) {
   EXPECT_EQ(m.parts.part[2].cache, s.address(s.vw));
   EXPECT_EQ(m.positions->data, s.address(s.pos));
   EXPECT_EQ(cuda::match_rope_kv_attention(after_products.first(4), &m), 0u) << "no attention";
-  struct Case {
-    const char* what;
-    int64_t tokens;
-    DType v_cache;
-    bool neox, write_raw_k;
-  };
-  for (const Case& c :
-       {Case{"neox", 1, DType::F16, true, false}, Case{"two tokens", 2, DType::F16, false, false},
-        Case{"the unrotated K cached", 1, DType::F16, false, true}}) {
+  for (const RefusedCase& c : kRefused) {
+    if (c.v_cache != DType::F16) continue;  // no attention over caches of two dtypes
     const QkvRopeSegment other(c.tokens, DType::F16, c.v_cache, c.neox, c.write_raw_k, true);
     EXPECT_EQ(cuda::match_rope_kv_attention(std::span(other.execs).subspan(3), &m), 0u) << c.what;
   }
@@ -291,30 +303,10 @@ TEST(CudaFused, RopeCacheWritesAndAttentionInOneLaunch) {
   Graph g;
   TensorId pos;
   build(g, Shape{64, 32, 8, DType::F16}, 64, &pos);
-  ReferenceBackend reference;
-  GraphRunner ref_run(g, reference), cuda_run(g, *backend);
-  std::mt19937 rng(test_seed());
-  for (const Node& n : g.nodes()) {
-    if (n.op != OpKind::Input && n.op != OpKind::KvCache) continue;
-    if (n.id == pos) continue;
-    const Bytes bytes = random_leaf(g.tensor(n.id), rng);
-    ref_run.set(n.id, bytes);
-    cuda_run.set(n.id, bytes);
-  }
-  auto step = [&](int32_t p) {
-    ref_run.set(pos, ints_bytes({p}));
-    cuda_run.set(pos, ints_bytes({p}));
-    ref_run.run();
-    cuda_run.run(true, g.signature());
-    for (TensorId out : g.outputs()) {
-      const TensorDesc& desc = g.tensor(out);
-      EXPECT_LE(nmse(to_floats(desc, ref_run.get(out)), to_floats(desc, cuda_run.get(out))), kRope)
-          << "position " << p << " seed " << test_seed();
-    }
-  };
-  for (int32_t p : {599, 3, 128, 127, 300}) step(p);
-  expect_position_rejected(cuda_run, g.signature(), pos, int32_t(ctx));
-  step(40);
+  PositionReplay replay(g, *backend, pos);
+  for (int32_t p : {599, 3, 128, 127, 300}) replay.step(p, g.outputs());
+  replay.expect_rejected(int32_t(ctx));
+  replay.step(40, g.outputs());
 }
 
 }  // namespace
