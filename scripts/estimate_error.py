@@ -13,7 +13,10 @@ median).
 -c, -t and --strategy, another --cost-profile) instead of the trace: the run's times held, the
 error of another calibration. Ops in the trace's first graph are the plan's prefill, the rest
 its decode.
-usage: estimate_error.py TRACE.json [--by-shape] [--plan PLAN.txt]
+--by-node N lists the decode graph's first N ops, one line each (node, op, median estimate,
+median time, their ratio): ops of one key and shape that run at different paces (a layer's
+gate and up against its down) show there.
+usage: estimate_error.py TRACE.json [--by-shape] [--by-node N] [--plan PLAN.txt]
 """
 import json
 import re
@@ -52,6 +55,7 @@ def main():
     first_graph_end = graphs[0]["ts"] + graphs[0]["dur"] if graphs else float("inf")
     errors = []
     per_node = defaultdict(list)  # (in the prefill graph, node): [(estimated, actual)]
+    names = {}  # node: op name
     groups = defaultdict(list)
     by_op_shape = defaultdict(list)
     missing = 0
@@ -70,6 +74,7 @@ def main():
         if "node" in args:
             per_node[(e["ts"] < first_graph_end, args["node"])].append(
                 (args["estimated_us"], e["dur"]))
+            names[args["node"]] = e["name"]
         shape = args.get("shape", [])
         by_op_shape[(e["name"], str(shape))].append(e["dur"])
         # Tokens are the last dim of rope's and attention's outputs, the second of the others';
@@ -94,6 +99,14 @@ def main():
     if node_errors:
         print(f"decode ops, each the median of its runs: median |error| "
               f"{100 * statistics.median(node_errors):.1f}% over {len(node_errors)} ops")
+    if "--by-node" in sys.argv:
+        first = int(sys.argv[sys.argv.index("--by-node") + 1])
+        print(f"{'node':>5} {'op':<18} {'med est us':>11} {'med act us':>11} {'est/act':>8}")
+        decode_nodes = sorted((node, v) for (prefill, node), v in per_node.items() if not prefill)
+        for node, v in decode_nodes[:first]:
+            est = statistics.median(x[0] for x in v)
+            act = statistics.median(x[1] for x in v)
+            print(f"{node:>5} {names[node]:<18} {est:>11.1f} {act:>11.1f} {est / act:>8.2f}")
     medians = {k: statistics.median(v) for k, v in by_op_shape.items()}
     floor = [abs(medians[k] - d) / d for k, v in by_op_shape.items() for d in v]
     print(f"noise floor: {100 * statistics.median(floor):.1f}% (each op estimated by the median of "
