@@ -92,7 +92,7 @@ __device__ __forceinline__ float transpose_reduce(float (&v)[32], int lane) {
   return v[0];
 }
 
-// With kRope (one token, run_fused_rope_kv_attention) the kernel also does the RoPE of Q and K
+// With kRope (one token, run_rope_kv_attention) the kernel also does the RoPE of Q and K
 // and the two cache writes before it: q is the unrotated Q, and every block rotates its heads'
 // q in registers (pair (2j, 2j + 1) in one lane: kDpl even). The block whose keys hold the
 // token's position (split 0 for a whole context) writes its heads' rotated q to the Q Rope's
@@ -106,16 +106,6 @@ struct AttentionRope {
   int n_rot = 0;
   double log_base = 0.0;
 };
-
-// cos and sin of pair (dim, dim + 1)'s angle, as rope_pair computes it (the identity past n_rot).
-__device__ __forceinline__ void rope_angle(int dim, int32_t position, const AttentionRope& rope,
-                                           double& c, double& s) {
-  c = 1.0;
-  s = 0.0;
-  if (dim < rope.n_rot) {
-    sincos(double(position) * exp(-double(dim) / rope.n_rot * rope.log_base), &s, &c);
-  }
-}
 
 template <typename T, int kDpl, bool kFull, bool kRope>
 __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
@@ -135,12 +125,9 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
   // hint costs fetches, never results); the next kernel may launch at once and fetch its
   // weights while this one runs (1B F16 decode on an H100: +5%).
   {
-    int hint;
-    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(hint) : "l"(pos + t));
-    const int reach = hint >= 0 && hint < C ? hint + 1 : 0;
-    const bool whole = reach <= whole_keys;
-    const int first = whole ? (split == 0 ? 0 : reach) : split * chunk;
-    const int last = whole ? reach : min(first + chunk, min(reach, first + 32));
+    const KeySlice hinted = key_slice(hinted_keys(pos + t, C), split, chunk, whole_keys);
+    const int first = hinted.begin;
+    const int last = hinted.whole ? hinted.end : min(hinted.end, first + 32);
     const int64_t row_bytes = int64_t(D) * int64_t(sizeof(T));
     const int lines = int((row_bytes + 127) / 128);
     for (int i = threadIdx.x; i < 2 * lines * (last - first); i += blockDim.x) {
@@ -154,9 +141,8 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
   const int n_kv = keys_seen(pos[t], C, error_flag);
   // A short context runs whole in split 0 (the other splits leave at once): the split handshake
   // and combine cost more than its keys (1B decode on an H100: ~5 us a layer).
-  const bool whole = n_kv <= whole_keys;
+  const auto [begin, end, whole] = key_slice(n_kv, split, chunk, whole_keys);
   if (whole && split > 0) return;
-  const int begin = whole ? 0 : split * chunk, end = whole ? n_kv : min(begin + chunk, n_kv);
   const int d0 = lane * kDpl;
 
   float qr[kMaxGroup][kDpl], acc[kMaxGroup][kDpl], m[kMaxGroup], l[kMaxGroup];
@@ -174,16 +160,15 @@ __global__ __launch_bounds__(kWarps * 32) void attention_kernel(
   }
   if constexpr (kRope) {
     const int32_t position = pos[t];
-    const bool owner = whole ? split == 0 : begin <= n_kv - 1 && n_kv - 1 < begin + chunk;
+    const bool owner = whole ? split == 0 : begin <= n_kv - 1 && n_kv - 1 < end;
 #pragma unroll
     for (int i = 0; i < kDpl; i += 2) {
       const int dim = d0 + i;
-      if (dim >= D) break;  // D is even: dim + 1 < D
-      double c, sn;
-      rope_angle(dim, position, rope, c, sn);
+      if (dim >= D) break;       // D is even: dim + 1 < D
+      double c = 1.0, sn = 0.0;  // dims past n_rot pass as they are
+      if (dim < rope.n_rot) rope_angle(dim / 2, position, rope.n_rot, rope.log_base, c, sn);
       auto rotate = [&](const float* x, float& y0, float& y1) {
-        y0 = float(double(x[dim]) * c - double(x[dim + 1]) * sn);
-        y1 = float(double(x[dim]) * sn + double(x[dim + 1]) * c);
+        rope_rotate(x[dim], x[dim + 1], c, sn, y0, y1);
       };
 #pragma unroll
       for (int g = 0; g < kMaxGroup; ++g) {
@@ -393,7 +378,7 @@ AttentionPlan plan_attention(const TensorDesc& q, const TensorDesc& k, int sm_co
   return AttentionPlan{group_slices, int(splits), int(chunk), kWholeKeys};
 }
 
-// The general kernel for node e; with `rope` (the match of run_fused_rope_kv_attention) it also
+// The general kernel for node e; with `rope` (the match of run_rope_kv_attention) it also
 // does the RoPE and cache writes before it, from the unrotated Q.
 template <typename T, int kDpl>
 void launch(const OpContext& ctx, const NodeExecution& e, const AttentionPlan& plan, bool full,
@@ -506,17 +491,14 @@ void run_attention(const OpContext& ctx, const NodeExecution& e) {
 
 }  // namespace
 
-size_t run_fused_rope_kv_attention(const OpContext& ctx, std::span<const NodeExecution> segment) {
-  RopeKvMatch m;
-  if (match_rope_kv_attention(segment, &m) != 5) return 0;
-  const NodeExecution& e = segment[4];
+bool run_rope_kv_attention(const OpContext& ctx, const NodeExecution& e, const RopeKvMatch& m) {
   const TensorDesc& q = *e.inputs[0].desc;
   const TensorDesc& k = *e.inputs[1].desc;
   // The general kernel's shapes with whole pairs in a lane and one slice per kv head; the
   // decode kernel's (head dim 128 over f16) keep their own launches.
   if (q.ne[0] <= 32 || q.ne[0] > kMaxDim || q.ne[1] % k.ne[1] != 0 ||
       q.ne[1] / k.ne[1] > kMaxGroup || decode_attention_takes(ctx, e)) {
-    return 0;
+    return false;
   }
   const AttentionPlan plan = fit_to_context(ctx, q, k, plan_attention(q, k, ctx.sm_count));
   if (k.dtype == DType::F16) {
@@ -525,7 +507,7 @@ size_t run_fused_rope_kv_attention(const OpContext& ctx, std::span<const NodeExe
     launch_for_dim<float>(ctx, e, plan, aligned_caches(e), &m);
   }
   ctx.check_launch("rope + kv_write + attention");
-  return 5;
+  return true;
 }
 
 void add_attention_kernels(KernelTable<Kernel>& rows) {

@@ -50,6 +50,27 @@ __device__ __forceinline__ BlockPlace block_place(int Hq, int Hkv, int group_sli
   return b;
 }
 
+// The keys [begin, end) the block of split `split` takes from a context of n keys: its chunk,
+// or, for a context of at most whole_keys keys, all of them in split 0 and none elsewhere (whole:
+// no split handshake; end < begin where a chunk lies past the context).
+struct KeySlice {
+  int begin, end;
+  bool whole;
+};
+__device__ __forceinline__ KeySlice key_slice(int n, int split, int chunk, int whole_keys) {
+  if (n <= whole_keys) return KeySlice{split == 0 ? 0 : n, n, true};
+  const int begin = split * chunk;
+  return KeySlice{begin, min(begin + chunk, n), false};
+}
+
+// The keys a relaxed read of the position says the context of C positions holds, before the
+// wait for the kernel that may write it: a hint for prefetches, never for results.
+__device__ __forceinline__ int hinted_keys(const int32_t* position, int C) {
+  int hint;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(hint) : "l"(position));
+  return hint >= 0 && hint < C ? hint + 1 : 0;
+}
+
 // The keys a query at position p attends (p + 1), or none when p lies outside a cache of C
 // positions: the device flag is raised and the token skipped.
 __device__ __forceinline__ int keys_seen(int p, int C, int32_t* error_flag) {

@@ -99,13 +99,22 @@ __device__ __forceinline__ float load_f32(DType dtype, const void* row, int64_t 
 // RoPE of one pair (x0, x1), pair j of its head (angle pos * base^(-2j / n_rot)), in double:
 // exact positions matter more than the few extra cycles of a memory-bound op. The Rope kernels
 // and the staged products' RoPE tail (staged_matvec.cuh) share it, so both write the same bits.
-__device__ __forceinline__ void rope_pair(double x0, double x1, int64_t j, int32_t pos, int n_rot,
-                                          double log_base, float& y0, float& y1) {
-  const double theta = double(pos) * exp(-double(2 * j) / n_rot * log_base);
-  double s, c;
-  sincos(theta, &s, &c);
+// rope_angle and rope_rotate are its two halves, for a kernel that turns several pairs by one
+// angle (the attention kernel's heads of a group).
+__device__ __forceinline__ void rope_angle(int64_t j, int32_t pos, int n_rot, double log_base,
+                                           double& c, double& s) {
+  sincos(double(pos) * exp(-double(2 * j) / n_rot * log_base), &s, &c);
+}
+__device__ __forceinline__ void rope_rotate(double x0, double x1, double c, double s, float& y0,
+                                            float& y1) {
   y0 = float(x0 * c - x1 * s);
   y1 = float(x0 * s + x1 * c);
+}
+__device__ __forceinline__ void rope_pair(double x0, double x1, int64_t j, int32_t pos, int n_rot,
+                                          double log_base, float& y0, float& y1) {
+  double c, s;
+  rope_angle(j, pos, n_rot, log_base, c, s);
+  rope_rotate(x0, x1, c, s, y0, y1);
 }
 
 // Stores v as element i of a contiguous plain (non-quantized) float row.

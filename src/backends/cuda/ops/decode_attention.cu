@@ -124,13 +124,8 @@ __global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_att
   // combine (its critical path) in the L2, the rest waits for the wait. H100, per launch: the
   // first tiles 9.3 us, a quarter of the split 9.5, three quarters 9.7, all of it 10.4.
   {
-    int hint;
-    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(hint) : "l"(pos + t));
-    const int reach = hint >= 0 && hint < C ? hint + 1 : 0;  // keys the hint says exist
-    const bool whole = reach <= whole_keys;
-    const int first = whole ? (split == 0 ? 0 : reach) : split * chunk;
-    const int last = whole ? reach : min(first + chunk, reach);
-    const int first_tiles_end = min(last, first + kBlockKeys);
+    const KeySlice hinted = key_slice(hinted_keys(pos + t, C), split, chunk, whole_keys);
+    const int first = hinted.begin, first_tiles_end = min(hinted.end, first + kBlockKeys);
     for (int i = threadIdx.x; i < 4 * (first_tiles_end - first); i += kDecodeThreads) {
       const __half* base = (i % 4 < 2 ? k : v) + hk * head_stride;
       prefetch_l2(base + int64_t(first + i / 4) * token_stride + (i % 2) * 64);
@@ -149,9 +144,8 @@ __global__ __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) void decode_att
   const int n_kv = keys_seen(__ldcg(pos + t), C, error_flag);
   // A short context runs whole in split 0 (the other splits leave at once), without the split
   // handshake and combine.
-  const bool whole = n_kv <= whole_keys;
+  const auto [begin, end, whole] = key_slice(n_kv, split, chunk, whole_keys);
   if (whole && split > 0) return;
-  const int begin = whole ? 0 : split * chunk, end = whole ? n_kv : min(begin + chunk, n_kv);
   const int n_tiles = end > begin ? (end - begin + kTileKeys - 1) / kTileKeys : 0;
   const int my_tiles = n_tiles > warp ? (n_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
   auto tile_key = [&](int i) { return begin + (i * kDecodeWarps + warp) * kTileKeys; };

@@ -109,11 +109,10 @@ size_t run_fused_expert_gate_up(const OpContext& ctx, std::span<const NodeExecut
 size_t run_fused_expert_down_combine(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - MoeRoute and the MoeWeights of its ids (moe.cu);
 size_t run_fused_moe_route_weights(const OpContext& ctx, std::span<const NodeExecution> segment);
-// - RoPE of Q and K and the KV-cache writes of K and V at the same positions (rope.cu);
+// - RoPE of Q and K and the KV-cache writes of K and V at the same positions, and with them the
+//   Attention after the four nodes of one token where the general attention kernel takes all
+//   five (rope.cu, attention.cu).
 size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecution> segment);
-// - the same four nodes of one token and the Attention after them, as one launch of the general
-//   attention kernel (attention.cu).
-size_t run_fused_rope_kv_attention(const OpContext& ctx, std::span<const NodeExecution> segment);
 // ExpertMatMul with quantized weights through the matrix-vector kernels (b quantized to int8
 // once; expert_matmul.cu): false where they do not apply (moe.cu's element-wise kernel then
 // runs it), and the scratch they need.

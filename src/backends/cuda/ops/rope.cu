@@ -1,6 +1,7 @@
 // RoPE: Rope rotates adjacent pairs (llama), RopeNeox the pairs (x[i], x[i + n_rot/2]) (GPT-NeoX,
 // Qwen). One thread per element, angles in double (rope_pair). Also the fused launch of a layer's
-// RoPE of Q and K with the KV-cache writes that follow it (run_fused_rope_kv_write).
+// RoPE of Q and K with the KV-cache writes that follow it (run_fused_rope_kv_write), or of the
+// five nodes with the Attention after them (the attention kernel's, attention.cu).
 #include "common.cuh"
 #include "ops.h"
 #include "rope_kv.h"
@@ -75,6 +76,9 @@ size_t run_fused_rope_kv_write(const OpContext& ctx, std::span<const NodeExecuti
   RopeKvMatch m;
   const size_t n = match_rope_kv_write(segment, &m);
   if (n < 2) return 0;
+  if (n == 4 && attention_follows(segment, m) && run_rope_kv_attention(ctx, segment[4], m)) {
+    return 5;
+  }
   int64_t total = 0;
   for (int j = 0; j < m.parts.count; ++j) total += m.parts.part[size_t(j)].n;
   constexpr int kThreads = 256;

@@ -75,20 +75,20 @@ size_t match_rope_kv_write(std::span<const NodeExecution> segment, RopeKvMatch* 
   return n;
 }
 
-size_t match_rope_kv_attention(std::span<const NodeExecution> segment, RopeKvMatch* m) {
-  if (match_rope_kv_write(segment, m) != 4 || segment.size() < 5 || m->parts.neox ||
-      m->parts.count != 3 || m->positions->desc->elements() != 1) {
-    return 0;
+bool attention_follows(std::span<const NodeExecution> segment, const RopeKvMatch& m) {
+  if (segment.size() < 5 || m.parts.neox || m.parts.count != 3 || !m.positions ||
+      m.positions->desc->elements() != 1) {
+    return false;
   }
-  const RopeKvPart &q = m->parts.part[0], &k = m->parts.part[1], &v = m->parts.part[2];
+  const RopeKvPart &q = m.parts.part[0], &k = m.parts.part[1], &v = m.parts.part[2];
   const int64_t d = q.d;
   if (!q.rotate || q.cache || !k.rotate || !k.cache || v.rotate || !v.cache || k.d != d ||
-      v.d != d || v.heads != k.heads || d % 2 != 0 || m->n_rot % 2 != 0 || m->n_rot <= 0 ||
-      m->n_rot > d) {
-    return 0;
+      v.d != d || v.heads != k.heads || d % 2 != 0 || m.n_rot % 2 != 0 || m.n_rot <= 0 ||
+      m.n_rot > d) {
+    return false;
   }
   const NodeExecution& a = segment[4];
-  if (a.node->op != OpKind::Attention || a.inputs.size() != 4) return 0;
+  if (a.node->op != OpKind::Attention || a.inputs.size() != 4) return false;
   const TensorDesc& qd = *a.inputs[0].desc;
   const TensorDesc& kd = *a.inputs[1].desc;
   const TensorDesc& vd = *a.inputs[2].desc;
@@ -96,12 +96,13 @@ size_t match_rope_kv_attention(std::span<const NodeExecution> segment, RopeKvMat
                            kd.dtype == vd.dtype && kd.ne == vd.ne && kd.nb == vd.nb &&
                            kd.ne[0] == d && kd.ne[1] == k.heads && kd.ne[2] == k.capacity &&
                            kd.nb[2] == k.token_stride && vd.nb[2] == v.token_stride;
-  if (a.inputs[0].data != q.out || !contiguous_f32(a.inputs[0]) || qd.ne[0] != d ||
-      qd.ne[1] != q.heads || qd.elements() != q.n || a.inputs[1].data != k.cache ||
-      a.inputs[2].data != v.cache || !same_layout || a.inputs[3].data != m->positions->data) {
-    return 0;
-  }
-  return 5;
+  return a.inputs[0].data == q.out && contiguous_f32(a.inputs[0]) && qd.ne[0] == d &&
+         qd.ne[1] == q.heads && qd.elements() == q.n && a.inputs[1].data == k.cache &&
+         a.inputs[2].data == v.cache && same_layout && a.inputs[3].data == m.positions->data;
+}
+
+size_t match_rope_kv_attention(std::span<const NodeExecution> segment, RopeKvMatch* m) {
+  return match_rope_kv_write(segment, m) == 4 && attention_follows(segment, *m) ? 5 : 0;
 }
 
 size_t rope_tail_of(std::span<const NodeExecution> segment, size_t n, RopeTail* tail) {

@@ -43,11 +43,16 @@ struct RopeKvMatch {
 // How many of the segment's first nodes that is (fewer than 2: no fused launch), filling *m.
 size_t match_rope_kv_write(std::span<const NodeExecution> segment, RopeKvMatch* m);
 
-// The four nodes match_rope_kv_write takes for one token (Q rotated; K rotated and cached; V
-// cached; adjacent pairs, one head size) and the Attention after them over the two caches, at the
-// same position, reading the Q Rope's output: 5, filling *m; else 0. The general attention
+// Whether m, the four nodes match_rope_kv_write took for one token (Q rotated; K rotated and
+// cached; V cached; adjacent pairs, one head size), is followed in the segment by the Attention
+// over the two caches at the same position that reads the Q Rope's output: the general attention
 // kernel then rotates and writes them itself (attention.cu).
+bool attention_follows(std::span<const NodeExecution> segment, const RopeKvMatch& m);
+// The same from the segment: 5, filling *m; else 0.
 size_t match_rope_kv_attention(std::span<const NodeExecution> segment, RopeKvMatch* m);
+// Launches the general attention kernel for Attention node e with m's RoPE and cache writes
+// (attention_follows), where the kernel's shapes allow it (attention.cu); false: nothing ran.
+bool run_rope_kv_attention(const OpContext& ctx, const NodeExecution& e, const RopeKvMatch& m);
 
 // Most weight matrices (same K and dtype) one staged launch multiplies with one b: Q, K and V.
 inline constexpr int kMaxParts = 3;
