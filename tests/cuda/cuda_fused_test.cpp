@@ -16,42 +16,6 @@ namespace {
 
 constexpr double kExact = 1e-7, kMatmul = 5e-4, kRope = 1e-3;
 
-// One token's graph run on the reference and as a captured CUDA segment from the same random
-// leaves, the position aside: step(p) replays it at position p and checks `outs` by NMSE.
-class PositionReplay {
- public:
-  PositionReplay(const Graph& g, Backend& cuda, TensorId pos)
-      : g_(g), pos_(pos), ref_run_(g, reference_), cuda_run_(g, cuda) {
-    std::mt19937 rng(test_seed());
-    for (const Node& n : g.nodes()) {
-      if (!is_leaf(n.op) || n.id == pos) continue;
-      const Bytes bytes = random_leaf(g.tensor(n.id), rng);
-      ref_run_.set(n.id, bytes);
-      cuda_run_.set(n.id, bytes);
-    }
-  }
-  void step(int32_t p, const std::vector<TensorId>& outs) {
-    ref_run_.set(pos_, ints_bytes({p}));
-    cuda_run_.set(pos_, ints_bytes({p}));
-    ref_run_.run();
-    cuda_run_.run(true, g_.signature());
-    for (TensorId out : outs) {
-      const TensorDesc& desc = g_.tensor(out);
-      EXPECT_LE(nmse(to_floats(desc, ref_run_.get(out)), to_floats(desc, cuda_run_.get(out))),
-                kRope)
-          << "position " << p << " seed " << test_seed();
-    }
-  }
-  // A position past the cache: the launch flags it and the step fails with InvalidArgument.
-  void expect_rejected(int32_t p) { expect_position_rejected(cuda_run_, g_.signature(), pos_, p); }
-
- private:
-  const Graph& g_;
-  TensorId pos_;
-  ReferenceBackend reference_;
-  GraphRunner ref_run_, cuda_run_;
-};
-
 // One token's attention inputs as the llama graph emits them: [the residual Add,] the RmsNorm,
 // the Q, K and V products of its output, RoPE of Q and K, the cache writes of K (rotated) and
 // V. A captured segment runs them as one launch of the staged kernel (graph_stats counts it),
@@ -128,9 +92,9 @@ TEST(CudaFused, NormQkvRopeAndCacheWritesInOneLaunch) {
   g.mark_output(kw);
   g.mark_output(vw);
   PositionReplay replay(g, *backend, pos);
-  replay.step(3, {qr, kw, vw});
+  replay.step(3, {qr, kw, vw}, kRope);
   replay.expect_rejected(int32_t(ctx));
-  replay.step(39, {qr, kw, vw});
+  replay.step(39, {qr, kw, vw}, kRope);
 }
 
 // One token's Q, K and V products, then RoPE of Q and K and the cache writes, as NodeExecutions
@@ -304,9 +268,9 @@ TEST(CudaFused, RopeCacheWritesAndAttentionInOneLaunch) {
   TensorId pos;
   build(g, Shape{64, 32, 8, DType::F16}, 64, &pos);
   PositionReplay replay(g, *backend, pos);
-  for (int32_t p : {599, 3, 128, 127, 300}) replay.step(p, g.outputs());
+  for (int32_t p : {599, 3, 128, 127, 300}) replay.step(p, g.outputs(), kRope);
   replay.expect_rejected(int32_t(ctx));
-  replay.step(40, g.outputs());
+  replay.step(40, g.outputs(), kRope);
 }
 
 }  // namespace

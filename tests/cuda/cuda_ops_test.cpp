@@ -545,26 +545,10 @@ TEST(CudaOps, DecodeAttentionReplayedWithNewPositions) {
   TensorId pos = g.input("pos", DType::I32, {1});
   TensorId out = g.attention(q, k, v, pos, 1.0f / std::sqrt(float(d)));
   g.mark_output(out);
-  ReferenceBackend reference;
-  GraphRunner ref_run(g, reference), cuda_run(g, *backend);
-  std::mt19937 rng(test_seed());
-  for (TensorId leaf : {q, k, v}) {
-    const Bytes bytes = random_leaf(g.tensor(leaf), rng);
-    ref_run.set(leaf, bytes);
-    cuda_run.set(leaf, bytes);
-  }
-  auto step = [&](int32_t p) {
-    ref_run.set(pos, ints_bytes({p}));
-    cuda_run.set(pos, ints_bytes({p}));
-    ref_run.run();
-    cuda_run.run(true, g.signature());
-    const TensorDesc& desc = g.tensor(out);
-    EXPECT_LE(nmse(to_floats(desc, ref_run.get(out)), to_floats(desc, cuda_run.get(out))), kMatmul)
-        << "position " << p << " seed " << test_seed();
-  };
-  for (int32_t p : {2047, 100, 1500, 0, 127, 128}) step(p);
-  expect_position_rejected(cuda_run, g.signature(), pos, int32_t(ctx));
-  step(777);
+  PositionReplay replay(g, *backend, pos);
+  for (int32_t p : {2047, 100, 1500, 0, 127, 128}) replay.step(p, {out}, kMatmul);
+  replay.expect_rejected(int32_t(ctx));
+  replay.step(777, {out}, kMatmul);
 }
 
 TEST(CudaOps, KvWriteThenAttention) {

@@ -138,12 +138,34 @@ Comparison compare_with_reference(const Graph& graph, Backend& cuda,
   return c;
 }
 
-void expect_position_rejected(GraphRunner& runner, uint64_t signature, TensorId pos,
-                              int32_t position) {
-  runner.set(pos, ints_bytes({position}));
+PositionReplay::PositionReplay(const Graph& g, Backend& cuda, TensorId pos)
+    : g_(g), pos_(pos), ref_run_(g, reference_), cuda_run_(g, cuda) {
+  std::mt19937 rng(test_seed());
+  for (const Node& n : g.nodes()) {
+    if (!is_leaf(n.op) || n.id == pos) continue;
+    const Bytes bytes = random_leaf(g.tensor(n.id), rng);
+    ref_run_.set(n.id, bytes);
+    cuda_run_.set(n.id, bytes);
+  }
+}
+
+void PositionReplay::step(int32_t p, const std::vector<TensorId>& outs, double bound) {
+  ref_run_.set(pos_, ints_bytes({p}));
+  cuda_run_.set(pos_, ints_bytes({p}));
+  ref_run_.run();
+  cuda_run_.run(true, g_.signature());
+  for (TensorId out : outs) {
+    const TensorDesc& desc = g_.tensor(out);
+    EXPECT_LE(nmse(to_floats(desc, ref_run_.get(out)), to_floats(desc, cuda_run_.get(out))), bound)
+        << "position " << p << " seed " << test_seed();
+  }
+}
+
+void PositionReplay::expect_rejected(int32_t p) {
+  cuda_run_.set(pos_, ints_bytes({p}));
   try {
-    runner.run(true, signature);
-    ADD_FAILURE() << "position " << position << " past the cache was accepted";
+    cuda_run_.run(true, g_.signature());
+    ADD_FAILURE() << "position " << p << " past the cache was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
   }

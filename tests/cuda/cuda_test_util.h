@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda_backend.h"
+#include "reference_backend.h"
 #include "tandem/backend.h"
 #include "tandem/graph.h"
 
@@ -51,11 +52,23 @@ class GraphRunner {
   std::map<TensorId, Buffer> storage_;
 };
 
-// Runs the graph as the captured segment `signature` with `position` in the one-token input
-// `pos`, a position past its KV caches: the step must fail with InvalidArgument (the kernels flag
-// it; the next step runs).
-void expect_position_rejected(GraphRunner& runner, uint64_t signature, TensorId pos,
-                              int32_t position);
+// One token's graph run on the reference and as a captured CUDA segment from the same random
+// leaves, the position aside: step(p, outs, bound) replays it at position p and checks `outs`
+// by NMSE.
+class PositionReplay {
+ public:
+  PositionReplay(const Graph& g, Backend& cuda, TensorId pos);
+  void step(int32_t p, const std::vector<TensorId>& outs, double bound);
+  // A position past the KV caches: the step must fail with InvalidArgument (the kernels flag it;
+  // the next step runs).
+  void expect_rejected(int32_t p);
+
+ private:
+  const Graph& g_;
+  TensorId pos_;
+  ReferenceBackend reference_;
+  GraphRunner ref_run_, cuda_run_;
+};
 
 // sum((a-b)^2) / sum(a^2); NaN anywhere gives +inf.
 double nmse(const std::vector<float>& ref, const std::vector<float>& got);
