@@ -238,4 +238,54 @@ TEST(Flags, CalibrateWritesAProfileThatRunLoadsAndBadOnesAreRefused) {
   std::filesystem::remove_all(dir);
 }
 
+// Reads the whole file at `path` ("" when there is none).
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+TEST(Flags, CalibrateWithAModelLearnsItsOpsAndRefusesBadInputFirst) {
+  const std::string& m = tiny_model();
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tandem-flags-pass-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string profile = (dir / "p.json").string();
+  // Bad input is refused before anything is measured or written.
+  for (const std::string& bad :
+       {"-m " + (dir / "missing.gguf").string(), "-m " + m + " --strategy sideways",
+        "-m " + m + " -n 2", "-m " + m + " -p -1"}) {
+    Result r = tandem("calibrate --quick -t 1 -o " + profile + " " + bad);
+    EXPECT_NE(r.code, 0) << bad;
+    EXPECT_NE(r.err.find("error"), std::string::npos) << bad << ": " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(profile)) << bad;
+  }
+  Result cal =
+      tandem("calibrate --quick -t 1 -o " + profile + " -m " + m + " -p 8 -n 4 --strategy cpu");
+  ASSERT_EQ(cal.code, 0) << cal.err;
+  EXPECT_NE(cal.out.find("strategy cpu: 3 prefills of 8 tokens and 4 generated"), std::string::npos)
+      << cal.out;
+  // Without -m the profile holds no learned entries; with it, the model's op keys have theirs.
+  auto learned_keys = [](const std::string& path) {
+    size_t n = 0;
+    const nlohmann::json j = nlohmann::json::parse(slurp(path));
+    for (const auto& dev : j.at("devices")) {
+      const auto& p = dev.at("profile");
+      if (!p.contains("learned")) continue;
+      for (const auto& e : p.at("learned")) {
+        if (e.at("ratios").size() >= 3) ++n;  // enough runs to move the estimate
+      }
+    }
+    return n;
+  };
+  EXPECT_GT(learned_keys(profile), 0u) << slurp(profile).substr(0, 400);
+  const std::string plain = (dir / "plain.json").string();
+  ASSERT_EQ(tandem("calibrate --quick -t 1 -o " + plain).code, 0);
+  EXPECT_EQ(learned_keys(plain), 0u);
+  // run loads the learned profile without a warning.
+  Result ok = tandem("run -m " + m + " -p hi -n 2 -t 1 --strategy cpu --cost-profile " + profile);
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(ok.err.find("warning"), std::string::npos) << ok.err;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
