@@ -622,11 +622,12 @@ TEST(CudaOps, FusedAddRmsNormAndRopeKvWrite) {
 }
 
 // A residual Add (or none), the RmsNorm of its sum and the one-column products of the norm's
-// output (Q, K, V; gate, up): one launch of the staged kernel, which makes b itself and writes
-// the sum and the normed vector too. Two columns: the Add with its norm, then the products.
+// output (Q, K, V; gate, up): one launch of the staged kernel (quantized weights) or of the
+// streaming kernel (f16, bf16), which makes b itself and writes the sum and the normed vector
+// too. Two columns: the Add with its norm, then the products.
 TEST(CudaOps, FusedAddRmsNormIntoMatvecs) {
   TANDEM_REQUIRE_GPU(backend);
-  for (DType d : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+  for (DType d : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16, DType::BF16}) {
     for (int64_t dim : {2048, 4096}) {
       for (bool with_add : {true, false}) {
         for (int64_t t : {1, 2}) {
@@ -670,10 +671,12 @@ TEST(CudaOps, FusedAddRmsNormIntoMatvecs) {
 
 // Gate and up of one column and the SwiGlu of their outputs (after the Add and its norm, or
 // alone): the staged kernel's CTAs take the same rows of both and write the GLU too. Two
-// columns: the products fuse, the SwiGlu runs alone.
-TEST(CudaOps, FusedGateUpSwiGluInTheStagedKernel) {
+// columns: the products fuse, the SwiGlu runs alone. f16 weights (the streaming kernel): the
+// same in one launch with the norm for one column; for two, the Add and its norm, then gate, up
+// and the SwiGlu in one launch.
+TEST(CudaOps, FusedGateUpSwiGlu) {
   TANDEM_REQUIRE_GPU(backend);
-  for (DType d : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+  for (DType d : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16}) {
     for (bool norm : {true, false}) {
       for (int64_t t : {1, 2}) {
         const int64_t dim = 2048, ff = 1000;
@@ -697,7 +700,9 @@ TEST(CudaOps, FusedGateUpSwiGluInTheStagedKernel) {
         expect_close(compare_with_reference(g, *backend, {}, /*as_segment=*/true), kMatmul, what);
         const auto after = backend->graph_stats();
         EXPECT_EQ(after.fused_launches - before.fused_launches, t == 2 && norm ? 2 : 1) << what;
-        EXPECT_EQ(after.fused_nodes - before.fused_nodes, t == 1 ? (norm ? 5 : 3) : (norm ? 4 : 2))
+        const bool half = d == DType::F16;  // its GLU launch takes any number of columns
+        EXPECT_EQ(after.fused_nodes - before.fused_nodes,
+                  t == 1 || half ? (norm ? 5 : 3) : (norm ? 4 : 2))
             << what;
         expect_close(compare_with_reference(g, *backend, {}, /*as_segment=*/false), kMatmul, what);
       }

@@ -102,9 +102,9 @@ size_t run_fused(const OpContext& ctx, std::span<const NodeExecution> segment, F
   if (const size_t n = run_fused_matvecs(ctx, clear)) return n;
   if (const size_t n = run_fused_half_matvecs(ctx, clear)) return n;
   if (fusion == Fusion::Matvec) return 0;
-  for (auto fused :
-       {run_fused_norm_matvecs, run_fused_add_rms_norm, run_fused_rope_kv_write,
-        run_fused_expert_gate_up, run_fused_expert_down_combine, run_fused_moe_route_weights}) {
+  for (auto fused : {run_fused_norm_matvecs, run_fused_norm_half_matvecs, run_fused_add_rms_norm,
+                     run_fused_rope_kv_write, run_fused_expert_gate_up,
+                     run_fused_expert_down_combine, run_fused_moe_route_weights}) {
     if (const size_t n = fused(ctx, clear)) return n;
   }
   return 0;

@@ -86,11 +86,21 @@ struct HalfParts {
 // (gate and up) and writes their GLU, with half the chunks a pass (two rows' loads in flight).
 // A programmatic dependent: the first loads of weights (which no kernel writes) go out before
 // the wait for the kernel that wrote b, and it releases its dependents after that wait.
+// With kNorm (one column) b is not read but made, as the staged kernel makes it: every CTA sums
+// the residual Add's two inputs into shared memory, reduces their squares and scales them by the
+// RmsNorm's factor and weight there, and CTA 0 writes the sum and the normed vector (the two
+// nodes' outputs; b is the normed vector's address). The weights' first loads are in flight
+// meanwhile; the Add and norm launch leaves the chain between two products.
 constexpr int kHalfWarps = 8;
-template <DType kType, int kCols, int kPair, int kSplit>
-__global__ __launch_bounds__(kHalfWarps * 32) void half_matvec_kernel(
-    const __grid_constant__ HalfParts parts, int n_parts, int64_t K, const float* b, float* glu) {
+constexpr int64_t kMaxNormK = 8192;  // most elements a kNorm CTA holds (32 KB of shared memory)
+template <DType kType, int kCols, int kPair, int kSplit, bool kNorm = false>
+__global__ __launch_bounds__(kHalfWarps *
+                             32) void half_matvec_kernel(const __grid_constant__ HalfParts parts,
+                                                         int n_parts, int64_t K, const float* b,
+                                                         float* glu,
+                                                         const __grid_constant__ NormedB norm) {
   static_assert(kHalfWarps % kSplit == 0 && (kPair == 1 || kSplit == 1), "whole rows a CTA");
+  static_assert(!kNorm || kCols == 1, "the norm makes one column");
   constexpr int kV = kVecs<kType>;
   constexpr int kS = kSteps<kType> / kPair;  // a pair's two rows keep the bytes in flight
   constexpr int kRowsPerCta = kHalfWarps / kSplit;
@@ -129,6 +139,40 @@ __global__ __launch_bounds__(kHalfWarps * 32) void half_matvec_kernel(
   if (g < groups && row_of(g) < total) load(w, row_of(g), 0);
   grid_dependency_wait();  // b is written by the preceding kernel
   grid_launch_dependents();
+  const float* bv = b;  // b, or with kNorm the normed vector in shared memory
+  if constexpr (kNorm) {
+    extern __shared__ float4 s_x[];  // K / 4
+    __shared__ float s_red[kHalfWarps];
+    const int n4 = int(K / 4);
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+      float4 x = __ldcg(reinterpret_cast<const float4*>(norm.a) + i);
+      if (norm.r) {
+        const float4 r = __ldcg(reinterpret_cast<const float4*>(norm.r) + i);
+        x = make_float4(x.x + r.x, x.y + r.y, x.z + r.z, x.w + r.w);
+      }
+      s_x[i] = x;
+      ss += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+    }
+    // x = a + r and y = x * inv * w, the Add's and the RmsNorm's arithmetic (binary_kernel,
+    // norm_kernel). Each thread rescales the elements it summed, so only the reduction meets.
+    const float inv = rsqrtf(block_reduce<false>(ss, s_red) / float(K) + norm.eps);
+    const bool writer = blockIdx.x == 0;
+    auto* const normed = reinterpret_cast<float4*>(const_cast<float*>(b));  // read by no CTA
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+      const float4 x = s_x[i];
+      if (writer && norm.r) reinterpret_cast<float4*>(norm.sum)[i] = x;
+      float4 y = make_float4(x.x * inv, x.y * inv, x.z * inv, x.w * inv);
+      if (norm.w) {
+        const float4 w = __ldg(reinterpret_cast<const float4*>(norm.w) + i);
+        y = make_float4(y.x * w.x, y.y * w.y, y.z * w.z, y.w * w.w);
+      }
+      if (writer) normed[i] = y;
+      s_x[i] = y;
+    }
+    __syncthreads();
+    bv = reinterpret_cast<const float*>(s_x);
+  }
   float acc[kPair][kCols];
 #pragma unroll
   for (int q = 0; q < kPair; ++q)
@@ -153,8 +197,8 @@ __global__ __launch_bounds__(kHalfWarps * 32) void half_matvec_kernel(
           weights8_to_f32<kType>(w[q][t], x);
 #pragma unroll
           for (int c = 0; c < kCols; ++c) {
-            const float4 b0 = *reinterpret_cast<const float4*>(b + c * K + k);
-            const float4 b1 = *reinterpret_cast<const float4*>(b + c * K + k + 4);
+            const float4 b0 = *reinterpret_cast<const float4*>(bv + c * K + k);
+            const float4 b1 = *reinterpret_cast<const float4*>(bv + c * K + k + 4);
             acc[q][c] += x[0] * b0.x + x[1] * b0.y + x[2] * b0.z + x[3] * b0.w + x[4] * b1.x +
                          x[5] * b1.y + x[6] * b1.z + x[7] * b1.w;
           }
@@ -210,9 +254,10 @@ __global__ __launch_bounds__(kHalfWarps * 32) void half_matvec_kernel(
   }
 }
 
-// CTAs of half_matvec_kernel<kType, kCols, kPair, kSplit> one SM holds at once (its registers
-// decide: 2 or 3 of 8 warps), asked once per device, not at every launch (as decode_smem_bytes).
-template <DType kType, int kCols, int kPair, int kSplit>
+// CTAs of half_matvec_kernel<kType, kCols, kPair, kSplit, kNorm> one SM holds at once (its
+// registers decide: 2 or 3 of 8 warps; with kNorm at most kMaxNormK elements of shared memory),
+// asked once per device, not at every launch (as decode_smem_bytes).
+template <DType kType, int kCols, int kPair, int kSplit, bool kNorm>
 int resident_ctas(const OpContext& ctx) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> state[kMaxDevices];  // 0 unknown, else the answer
@@ -221,8 +266,8 @@ int resident_ctas(const OpContext& ctx) {
   int n = state[device].load(std::memory_order_acquire);
   if (n == 0) {
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, half_matvec_kernel<kType, kCols, kPair, kSplit>, kHalfWarps * 32, 0) !=
-        cudaSuccess) {
+            &n, half_matvec_kernel<kType, kCols, kPair, kSplit, kNorm>, kHalfWarps * 32,
+            kNorm ? size_t(kMaxNormK) * 4 : 0) != cudaSuccess) {
       (void)cudaGetLastError();  // a failed query is an answer (one CTA a SM), not an error
       n = 1;
     }
@@ -261,9 +306,10 @@ HalfParts half_parts(std::span<const NodeExecution> execs) {
 }
 
 // execs: 1 to kMaxHalfParts products of the same b (half_matvec_fits, equal dtype and K); with
-// glu, gate and up of equal M and the SwiGlu output they feed.
+// glu, gate and up of equal M and the SwiGlu output they feed; with norm (one column, K at most
+// kMaxNormK), b is made from the Add and RmsNorm it names and written to b's address.
 void launch_half_matvec(const OpContext& ctx, std::span<const NodeExecution> execs,
-                        float* glu = nullptr) {
+                        float* glu = nullptr, const NormedB* norm = nullptr) {
   const TensorDesc& a = *execs[0].inputs[0].desc;
   const TensorDesc& b = *execs[0].inputs[1].desc;
   const HalfParts parts = half_parts(execs);
@@ -280,11 +326,21 @@ void launch_half_matvec(const OpContext& ctx, std::span<const NodeExecution> exe
     constexpr DType kType = decltype(type)::value;
     auto matvec = [&](auto pair, auto split_warps) {
       constexpr int kPair = decltype(pair)::value, kSplit = decltype(split_warps)::value;
-      const int per_sm = resident_ctas<kType, cols(), kPair, kSplit>(ctx);
-      const dim3 grid(unsigned(std::min<int64_t>(groups, int64_t(ctx.sm_count) * per_sm)));
-      return launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32), 0,
-                                 half_matvec_kernel<kType, cols(), kPair, kSplit>, parts, n,
-                                 int64_t(a.ne[0]), bp, glu);
+      auto go = [&](auto with_norm) {
+        constexpr bool kNorm = decltype(with_norm)::value;
+        const int per_sm = resident_ctas<kType, cols(), kPair, kSplit, kNorm>(ctx);
+        const dim3 grid(unsigned(std::min<int64_t>(groups, int64_t(ctx.sm_count) * per_sm)));
+        return launch_programmatic(ctx.stream, grid, dim3(kHalfWarps * 32),
+                                   kNorm ? size_t(a.ne[0]) * 4 : 0,
+                                   half_matvec_kernel<kType, cols(), kPair, kSplit, kNorm>, parts,
+                                   n, int64_t(a.ne[0]), bp, glu, norm ? *norm : NormedB{});
+      };
+      if constexpr (cols() == 1) {
+        if (norm) return go(std::true_type{});
+      } else if (norm) {
+        return cudaErrorInvalidValue;  // the norm makes one column (the matcher's condition)
+      }
+      return go(std::false_type{});
     };
     using One = std::integral_constant<int, 1>;
     using Two = std::integral_constant<int, 2>;
@@ -317,6 +373,29 @@ size_t run_fused_half_matvecs(const OpContext& ctx, std::span<const NodeExecutio
   }
   launch_half_matvec(ctx, segment.first(n));
   return n;
+}
+
+size_t run_fused_norm_half_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment) {
+  // [Add,] RmsNorm, then f32/f16/bf16 products of its output (one column): the streaming kernel
+  // makes b itself (as run_fused_norm_matvecs for quantized weights).
+  NormedB in{};
+  const size_t lead = match_normed_b(segment, in);
+  if (lead == 0) return 0;
+  const NodeExecution& norm = segment[lead - 1];
+  if (norm.inputs[0].desc->ne[0] > kMaxNormK) return 0;
+  auto is_matvec = [&](const NodeExecution& e) {
+    return half_matvec_fits(e) && e.inputs[1].data == norm.output.data &&
+           e.inputs[1].desc->ne[1] == 1;
+  };
+  const std::span<const NodeExecution> products = segment.subspan(lead);
+  const size_t n = count_same_b(products, kMaxHalfParts, is_matvec);
+  if (n == 0) return 0;
+  if (float* glu = swiglu_of(products, n)) {
+    launch_half_matvec(ctx, products.first(2), glu, &in);
+    return lead + 3;
+  }
+  launch_half_matvec(ctx, products.first(n), nullptr, &in);
+  return lead + n;
 }
 
 namespace {

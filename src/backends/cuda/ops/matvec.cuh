@@ -77,6 +77,36 @@ struct NormedB {
   float* sum;      // the Add's output (written with r)
   float eps;
 };
+
+// The [Add,] RmsNorm that a fused matrix-vector launch makes b from, at the segment's start: one
+// row of K f32 values, the Add's output apart from its inputs (one CTA writes it while the others
+// read them) and, without an Add, the norm's output apart from its input (likewise). Returns the
+// nodes it takes (1 or 2; 0: no such start) and fills `in`; the products follow them.
+inline size_t match_normed_b(std::span<const NodeExecution> segment, NormedB& in) {
+  const size_t at = !segment.empty() && segment[0].node->op == OpKind::Add ? 1 : 0;
+  if (segment.size() < at + 2 || segment[at].node->op != OpKind::RmsNorm) return 0;
+  const NodeExecution& norm = segment[at];
+  const TensorDesc& x = *norm.inputs[0].desc;
+  const int64_t K = x.ne[0];
+  if (x.rows() != 1 || !f32_row(norm.inputs[0], K) || !f32_row(norm.output, K) ||
+      (norm.inputs.size() > 1 && !f32_row(norm.inputs[1], K)) || norm.inputs.size() > 2) {
+    return 0;
+  }
+  in = NormedB{static_cast<const float*>(norm.inputs[0].data), nullptr,
+               norm.inputs.size() > 1 ? static_cast<const float*>(norm.inputs[1].data) : nullptr,
+               nullptr, norm.node->params.eps};
+  if (at == 0) return overlap(norm.output, norm.inputs[0]) ? 0 : 1;
+  const NodeExecution& add = segment[0];
+  if (add.inputs.size() != 2 || !f32_row(add.inputs[0], K) || !f32_row(add.inputs[1], K) ||
+      !f32_row(add.output, K) || norm.inputs[0].data != add.output.data ||
+      overlap(add.output, add.inputs[0]) || overlap(add.output, add.inputs[1])) {
+    return 0;
+  }
+  in.a = static_cast<const float*>(add.inputs[0].data);
+  in.r = static_cast<const float*>(add.inputs[1].data);
+  in.sum = static_cast<float*>(add.output.data);
+  return 2;
+}
 // Rows lr and lr + 1 of part p of a launch with a RopeTail, y0 and y1 their products at the
 // token's position: rotated where the part rotates (as rope_kv_write_kernel), written to its Rope
 // output, and to its cache row.

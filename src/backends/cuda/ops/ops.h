@@ -99,6 +99,9 @@ size_t run_fused_half_matvecs(const OpContext& ctx, std::span<const NodeExecutio
 // - a residual Add (or none), the RmsNorm of its sum and up to three one-column products of the
 //   norm's output: one launch of the staged kernel, which makes b itself (quantized_matmul.cu);
 size_t run_fused_norm_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment);
+// - the same for f32/f16/bf16 products: one launch of the streaming kernel, which makes b
+//   itself (matmul.cu);
+size_t run_fused_norm_half_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - a residual Add and the RmsNorm of its sum (norm.cu);
 size_t run_fused_add_rms_norm(const OpContext& ctx, std::span<const NodeExecution> segment);
 // - gate and up ExpertMatMul of one b, one set of ids and one map or none (quantized weights,

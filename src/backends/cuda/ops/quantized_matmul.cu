@@ -360,39 +360,19 @@ size_t run_fused_matvecs(const OpContext& ctx, std::span<const NodeExecution> se
 
 size_t run_fused_norm_matvecs(const OpContext& ctx, std::span<const NodeExecution> segment) {
   // [Add,] RmsNorm, then products of its output (one column): the staged kernel makes b itself.
-  const size_t at = !segment.empty() && segment[0].node->op == OpKind::Add ? 1 : 0;
-  if (segment.size() < at + 2 || segment[at].node->op != OpKind::RmsNorm) return 0;
-  const NodeExecution& norm = segment[at];
-  const TensorDesc& x = *norm.inputs[0].desc;
-  const int64_t K = x.ne[0];
-  if (x.rows() != 1 || !f32_row(norm.inputs[0], K) || !f32_row(norm.output, K) ||
-      (norm.inputs.size() > 1 && !f32_row(norm.inputs[1], K)) || norm.inputs.size() > 2) {
-    return 0;
-  }
-  NormedB in{static_cast<const float*>(norm.inputs[0].data), nullptr,
-             norm.inputs.size() > 1 ? static_cast<const float*>(norm.inputs[1].data) : nullptr,
-             nullptr, norm.node->params.eps};
-  if (at == 1) {
-    // The Add's sum is written by one CTA while the others read its inputs: apart from them.
-    const NodeExecution& add = segment[0];
-    if (add.inputs.size() != 2 || !f32_row(add.inputs[0], K) || !f32_row(add.inputs[1], K) ||
-        !f32_row(add.output, K) || norm.inputs[0].data != add.output.data ||
-        overlap(add.output, add.inputs[0]) || overlap(add.output, add.inputs[1])) {
-      return 0;
-    }
-    in.a = static_cast<const float*>(add.inputs[0].data);
-    in.r = static_cast<const float*>(add.inputs[1].data);
-    in.sum = static_cast<float*>(add.output.data);
-  }
+  NormedB in{};
+  const size_t lead = match_normed_b(segment, in);
+  if (lead == 0) return 0;
+  const NodeExecution& norm = segment[lead - 1];
   auto is_matvec = [&](const NodeExecution& e) {
     return e.node->op == OpKind::QuantizedMatMul && e.inputs[1].data == norm.output.data &&
            e.inputs[1].desc->ne[1] == 1 && int8_activations(e.inputs[0].desc->ne[1], 1);
   };
-  const std::span<const NodeExecution> products = segment.subspan(at + 1);
+  const std::span<const NodeExecution> products = segment.subspan(lead);
   const size_t n = count_same_b(products, kMaxParts, is_matvec);
   if (n == 0) return 0;
   const size_t ran = launch_staged_products(ctx, products, n, &in, swiglu_of(products, n));
-  return ran > 0 ? at + 1 + ran : 0;
+  return ran > 0 ? lead + ran : 0;
 }
 
 }  // namespace tandem::cuda
