@@ -400,7 +400,9 @@ __global__ __launch_bounds__(
 
   // Quantize b while the first tiles arrive: a block of 32 per pair of lanes, 16 values each.
   // Two items' loads go out before either is used (one L2 round trip for b up to 2 * threads
-  // blocks: K = 14336 with 448 threads).
+  // blocks: K = 14336 with 448 threads). It is not all hidden: b's loads queue behind the early
+  // tiles' copies, and on an H200 this prologue cost 2.5-3.1 us of a product with rows of 14,336
+  // (1.1-1.3 us with rows of 4,096; bench/NOTES.md, 2026-11-28).
   const int blocks_per_col = gpr * kGroupBlocks;
   const int items = 2 * kCols * blocks_per_col;
   auto quantize = [&](int t, const float4(&x)[4]) {
