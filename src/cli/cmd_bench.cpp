@@ -23,15 +23,8 @@ namespace tandem::cli {
 namespace {
 
 std::vector<std::string> default_strategies() {
-  std::vector<std::string> s{"cpu"};
-  for (const auto& id : available_backend_ids()) {
-    if (id.rfind("cuda:", 0) == 0) {
-      s.push_back("gpu");
-      break;
-    }
-  }
-  s.push_back("auto");
-  return s;
+  if (gpu_present()) return {"cpu", "gpu", "auto"};
+  return {"cpu", "auto"};
 }
 
 struct BenchOptions {

@@ -10,6 +10,7 @@
 
 #include "bench_report.h"
 #include "commands_impl.h"
+#include "engine_flags.h"
 #include "tandem/calibration.h"
 #include "tandem/error.h"
 #include "tandem/registry.h"
@@ -48,18 +49,6 @@ void print_profile(const DeviceKey& key, const BackendProfile& p, double seconds
                   roofline > 0 ? std::max(s.us - p.launch_us, 0.0) / roofline : 0.0);
     }
   }
-}
-
-// The strategies a model's pass runs under by default: the CPU, and every GPU where there is one.
-std::vector<std::string> model_pass_strategies() {
-  std::vector<std::string> s{"cpu"};
-  for (const auto& id : available_backend_ids()) {
-    if (id.rfind("cuda:", 0) == 0) {
-      s.push_back("gpu");
-      break;
-    }
-  }
-  return s;
 }
 
 struct ModelPass {
@@ -146,7 +135,11 @@ void add_calibrate(CLI::App& app, std::function<int()>& run) {
         TANDEM_CHECK_ARG(std::filesystem::is_regular_file(m), "--model", "no such file: " + m);
       }
       if (!pass.models.empty()) {
-        if (pass.strategies.empty()) pass.strategies = model_pass_strategies();
+        // By default the CPU, and the GPUs where there are some.
+        if (pass.strategies.empty()) {
+          pass.strategies = gpu_present() ? std::vector<std::string>{"cpu", "gpu"}
+                                          : std::vector<std::string>{"cpu"};
+        }
         for (const auto& s : pass.strategies) Strategy::parse(s);  // refused before measuring
       }
       BackendOptions bo;

@@ -80,8 +80,7 @@ void add_tune(CLI::App& app, std::function<int()>& run) {
       TANDEM_CHECK_ARG(o->reps >= 1 && o->reps <= 100, "--repetitions", "must be in [1, 100]");
       TANDEM_CHECK_ARG(o->engine.n_gpu_layers.empty() && o->engine.placement.empty(), "tune",
                        "tune chooses the placement: drop --n-gpu-layers and --placement");
-      bool gpu = false;
-      for (const auto& id : available_backend_ids()) gpu = gpu || id.rfind("cuda:", 0) == 0;
+      const bool gpu = gpu_present();
       SessionOptions base = o->engine.to_options(gpu ? "gpu" : "cpu");
       print_gpu_flags_warning(o->engine);
       if (base.n_ctx == 0) base.n_ctx = o->n_prompt + o->n_gen + 1;

@@ -15,13 +15,13 @@
 
 namespace tandem::cli {
 
-namespace {
-
 bool gpu_present() {
   auto ids = available_backend_ids();
   return std::any_of(ids.begin(), ids.end(),
                      [](const std::string& id) { return id.rfind("cuda:", 0) == 0; });
 }
+
+namespace {
 
 // --strict turns every fallback into an error; on a machine without a GPU a GPU placement can
 // only fall back, so say so before loading the model (and before anything is printed).

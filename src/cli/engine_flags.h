@@ -49,4 +49,7 @@ struct EngineFlags {
 // Prints flags.gpu_flags_warning() to stderr, when there is one.
 void print_gpu_flags_warning(const EngineFlags& flags);
 
+// Whether this machine has a GPU backend (a "cuda:N" among available_backend_ids()).
+bool gpu_present();
+
 }  // namespace tandem::cli
