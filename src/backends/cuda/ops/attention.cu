@@ -435,13 +435,6 @@ void launch_for_dim(const OpContext& ctx, const NodeExecution& e, const Attentio
   }
 }
 
-// Whether the general kernel's loads may be 16-byte vectors.
-bool aligned_caches(const NodeExecution& e) {
-  const TensorDesc& k = *e.inputs[1].desc;
-  return is_aligned(e.inputs[1].data, 16) && is_aligned(e.inputs[2].data, 16) &&
-         k.nb[1] % 16 == 0 && k.nb[2] % 16 == 0;
-}
-
 }  // namespace
 
 size_t partial_bytes(const TensorDesc& q, const AttentionPlan& plan) {
@@ -462,6 +455,23 @@ AttentionPlan fit_to_context(const OpContext& ctx, const TensorDesc& q, const Te
 
 namespace {
 
+// The general kernel for node e over its cache dtype and head dim, planned for this context; with
+// `rope`, the RoPE and cache writes too (run_rope_kv_attention).
+void launch_general(const OpContext& ctx, const NodeExecution& e,
+                    const RopeKvMatch* rope = nullptr) {
+  const TensorDesc& q = *e.inputs[0].desc;
+  const TensorDesc& k = *e.inputs[1].desc;
+  const AttentionPlan plan = fit_to_context(ctx, q, k, plan_attention(q, k, ctx.sm_count));
+  // The loads may be 16-byte vectors.
+  const bool aligned = is_aligned(e.inputs[1].data, 16) && is_aligned(e.inputs[2].data, 16) &&
+                       k.nb[1] % 16 == 0 && k.nb[2] % 16 == 0;
+  if (k.dtype == DType::F16) {
+    launch_for_dim<__half>(ctx, e, plan, aligned, rope);
+  } else {
+    launch_for_dim<float>(ctx, e, plan, aligned, rope);
+  }
+}
+
 // An upper bound over both kernels: which one runs is decided at launch.
 size_t attention_scratch_bytes(const NodeExecution& e, int sm_count) {
   const TensorDesc& q = *e.inputs[0].desc;
@@ -471,7 +481,6 @@ size_t attention_scratch_bytes(const NodeExecution& e, int sm_count) {
 
 void run_attention(const OpContext& ctx, const NodeExecution& e) {
   const TensorDesc& q = *e.inputs[0].desc;
-  const TensorDesc& k = *e.inputs[1].desc;
   if (q.ne[0] > kMaxDim) {
     throw_error(ErrorCode::Unsupported, ctx.state->id + " attention",
                 "head dim " + std::to_string(q.ne[0]) + " exceeds " + std::to_string(kMaxDim));
@@ -480,12 +489,7 @@ void run_attention(const OpContext& ctx, const NodeExecution& e) {
     ctx.check_launch("attention");
     return;
   }
-  const AttentionPlan plan = fit_to_context(ctx, q, k, plan_attention(q, k, ctx.sm_count));
-  if (k.dtype == DType::F16) {
-    launch_for_dim<__half>(ctx, e, plan, aligned_caches(e));
-  } else {
-    launch_for_dim<float>(ctx, e, plan, aligned_caches(e));
-  }
+  launch_general(ctx, e);
   ctx.check_launch("attention");
 }
 
@@ -500,12 +504,7 @@ bool run_rope_kv_attention(const OpContext& ctx, const NodeExecution& e, const R
       q.ne[1] / k.ne[1] > kMaxGroup || decode_attention_takes(ctx, e)) {
     return false;
   }
-  const AttentionPlan plan = fit_to_context(ctx, q, k, plan_attention(q, k, ctx.sm_count));
-  if (k.dtype == DType::F16) {
-    launch_for_dim<__half>(ctx, e, plan, aligned_caches(e), &m);
-  } else {
-    launch_for_dim<float>(ctx, e, plan, aligned_caches(e), &m);
-  }
+  launch_general(ctx, e, &m);
   ctx.check_launch("rope + kv_write + attention");
   return true;
 }
