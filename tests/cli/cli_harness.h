@@ -22,6 +22,12 @@ struct Result {
   std::string out, err;
 };
 
+// The whole file at `path` ("" when there is none).
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 // Runs the tandem binary with a shell command line; captures stdout and stderr separately.
 inline Result tandem(const std::string& args) {
   static int counter = 0;
@@ -32,10 +38,6 @@ inline Result tandem(const std::string& args) {
   int status = std::system(cmd.c_str());
   Result r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  auto slurp = [](const std::string& p) {
-    std::ifstream f(p);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
   r.out = slurp(out);
   r.err = slurp(err);
   return r;

@@ -19,6 +19,7 @@ namespace {
 
 using cli_test::lines;
 using cli_test::Result;
+using cli_test::slurp;
 using cli_test::tandem;
 using cli_test::tiny_model;
 namespace fs = std::filesystem;
@@ -317,10 +318,6 @@ TEST(Cli, ServeStopsOnSigterm) {
                              " && break; sleep 0.05; done; kill -TERM $pid; wait $pid; echo $? >" +
                              rc;
   ASSERT_EQ(std::system(("sh -c '" + script + "'").c_str()), 0);
-  auto slurp = [](const std::string& p) {
-    std::ifstream f(p);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
   const std::string log = slurp(err);
   EXPECT_EQ(slurp(rc), "0\n") << log;
   EXPECT_NE(log.find("2 slots of 64 positions; listening on http://127.0.0.1:"), std::string::npos)

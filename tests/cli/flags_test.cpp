@@ -17,6 +17,7 @@ namespace {
 
 using cli_test::lines;
 using cli_test::Result;
+using cli_test::slurp;
 using cli_test::tandem;
 using cli_test::tiny_model;
 namespace fs = std::filesystem;
@@ -238,17 +239,9 @@ TEST(Flags, CalibrateWritesAProfileThatRunLoadsAndBadOnesAreRefused) {
   std::filesystem::remove_all(dir);
 }
 
-// Reads the whole file at `path` ("" when there is none).
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 TEST(Flags, CalibrateWithAModelLearnsItsOpsAndRefusesBadInputFirst) {
   const std::string& m = tiny_model();
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("tandem-flags-pass-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const auto& dir = tandem::test::process_temp_dir("tandem-flags-pass-");
   const std::string profile = (dir / "p.json").string();
   // Bad input is refused before anything is measured or written.
   for (const std::string& bad :
@@ -285,7 +278,6 @@ TEST(Flags, CalibrateWithAModelLearnsItsOpsAndRefusesBadInputFirst) {
   Result ok = tandem("run -m " + m + " -p hi -n 2 -t 1 --strategy cpu --cost-profile " + profile);
   ASSERT_EQ(ok.code, 0) << ok.err;
   EXPECT_EQ(ok.err.find("warning"), std::string::npos) << ok.err;
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
