@@ -459,7 +459,9 @@ TEST(CudaOps, QuantizedMatMulMatvecAndTensorCorePaths) {
 
 // K-quant weights: K a multiple of 256 (of 2,048 for Q6_K, whose 210-byte rows must fill 16-byte
 // copies) takes the staged kernel, with one or several rows per tile and 1 to 8 columns; K =
-// 4608 (18 super-blocks) and 256 leave Q6_K to the generic one; 9 columns slice.
+// 4608 (18 super-blocks) and 256 leave Q6_K to the generic one; 9 columns slice. Rows of 8,192 or
+// more take bulk tile copies for Q5_K and Q6_K; 8192x4400 gives each CTA more tiles than its ring
+// has slots (every mbarrier passes a phase twice).
 TEST(CudaOps, KQuantMatvecStagedAndGenericPaths) {
   TANDEM_REQUIRE_GPU(backend);
   for (DType d : kKQuantDTypes) {
@@ -469,6 +471,7 @@ TEST(CudaOps, KQuantMatvecStagedAndGenericPaths) {
                                {4096, 300, 1},
                                {4096, 64, 3},
                                {14336, 64, 1},
+                               {8192, 4400, 1},
                                {2048, 2000, 2},
                                {4608, 40, 1},
                                {512, 200, 9}});

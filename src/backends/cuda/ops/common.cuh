@@ -214,6 +214,57 @@ __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// The bulk copy engine (sm_90): one thread copies a contiguous range global -> shared, and the
+// copy completes on an mbarrier in shared memory that counts its bytes. Its requests do not take
+// the SM's load slots, so ordinary loads issued after it are not queued behind it as behind
+// cp.async copies. Older targets compile the cp.async path instead (kHasBulkCopy).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kHasBulkCopy = false;
+#else
+constexpr bool kHasBulkCopy = true;
+#endif
+// An mbarrier at shared address `bar` expecting `count` arrivals per phase; fenced so that the
+// copy engine sees it initialized.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// One arrival on `bar` that also makes its phase wait for `bytes` more bytes of bulk copies.
+__device__ __forceinline__ void mbarrier_arrive_expect(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from src to shared dst, counted on
+// `bar`.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+#endif
+}
+// Waits until the phase of `bar` with parity `parity` has completed (its copies have landed).
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "LAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra LAB_WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
 // Launches `kernel` as a programmatic dependent of the stream's previous kernel: it may start
 // while that one drains, and must call grid_dependency_wait() before reading what it writes.
 template <typename... Params, typename... Args>

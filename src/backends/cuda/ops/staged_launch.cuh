@@ -62,13 +62,15 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs,
   // half an SM's shared memory still holds tiles for 12 warps: with fewer (wide rows, Q8_0) one
   // CTA alone with a deeper ring measured faster (bench/NOTES.md).
   constexpr bool kMayPair = kStagedMinBlocks<kType, kCols> >= 2;
+  static_assert(!(kMayPair && kBulkTiles<kType, kCols>), "a pair's layout holds no mbarriers");
+  const bool bulk = kBulkTiles<kType, kCols> && (kType == DType::Q8_0 || K >= kBulkMinK);
   bool pair = kMayPair;
   StagedLayout l =
       staged_layout<kType>(K, kCols, ctx.smem_pair, kPairStages, cta_rows, parts.count);
   if (!pair || l.total > ctx.smem_pair || l.threads < 384) {
     pair = false;
     l = staged_layout<kType>(K, kCols, ctx.smem_optin, kAloneStages<kType, kCols>, cta_rows,
-                             parts.count, kAloneTargetBytes<kType, kCols>);
+                             parts.count, kAloneTargetBytes<kType, kCols>, bulk);
   }
   if (l.total > ctx.smem_optin) return false;
   // The GLU only where a CTA's share of each part is a few tiles (latency-bound products: 1B
@@ -94,29 +96,44 @@ bool launch_staged(const OpContext& ctx, std::span<const NodeExecution> execs,
                                   int64_t(a0.nb[2]), int64_t(a0.nb[3]), int(b.ne[2] / a0.ne[2]),
                                   int(b.ne[3] / a0.ne[3]), int(b.ne[2]), int(split_rows / ctas),
                                   int(split_rows % ctas), l.gpr, l.rows, l.stage_bytes, l.red_tiles,
-                                  uint32_t(l.b_scale), uint32_t(l.stages), uint32_t(l.reduce), bp,
-                                  norm ? *norm : NormedB{}, glu, tail),
+                                  uint32_t(l.b_scale), uint32_t(l.stages), uint32_t(l.reduce),
+                                  uint32_t(l.bars), bp, norm ? *norm : NormedB{}, glu, tail),
               norm ? "rms_norm + quantized_matmul" : "quantized_matmul", "launch");
   };
-  auto launch_ring = [&](auto stages) {
+  // A ring of `stages` tiles, copied by cp.async or (use_bulk) the bulk copy engine.
+  auto launch_ring_copies = [&](auto stages, auto use_bulk) {
     constexpr int kStages = decltype(stages)::value;
-    constexpr int kEarly = kPreIssue<kType, kCols, kStages>;
+    constexpr bool kB = decltype(use_bulk)::value;
+    constexpr int kEarly = kPreIssue<kType, kCols, kStages, kB>;
     if constexpr (kCols == 1) {
       if (glu) {
-        return norm ? launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, true, true>)
-                    : launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, false, true>);
+        return norm ? launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, true, true,
+                                                  false, kB>)
+                    : launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, false, true,
+                                                  false, kB>);
       }
       if (rope) {
-        return norm
-                   ? launch(
-                         staged_matvec_kernel<kType, 1, kStages, true, kEarly, true, false, true>)
-                   : launch(
-                         staged_matvec_kernel<kType, 1, kStages, true, kEarly, false, false, true>);
+        return norm ? launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, true, false,
+                                                  true, kB>)
+                    : launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, false, false,
+                                                  true, kB>);
       }
-      if (norm) return launch(staged_matvec_kernel<kType, 1, kStages, true, kEarly, true>);
+      if (norm) {
+        return launch(
+            staged_matvec_kernel<kType, 1, kStages, true, kEarly, true, false, false, kB>);
+      }
     }
-    reg_b ? launch(staged_matvec_kernel<kType, kCols, kStages, kCols == 1, kEarly>)
-          : launch(staged_matvec_kernel<kType, kCols, kStages, false, kEarly>);
+    reg_b
+        ? launch(staged_matvec_kernel<kType, kCols, kStages, kCols == 1, kEarly, false, false,
+                                      false, kB>)
+        : launch(
+              staged_matvec_kernel<kType, kCols, kStages, false, kEarly, false, false, false, kB>);
+  };
+  auto launch_ring = [&](auto stages) {
+    if constexpr (kBulkTiles<kType, kCols>) {
+      if (bulk) return launch_ring_copies(stages, std::true_type{});
+    }
+    launch_ring_copies(stages, std::false_type{});
   };
   using Pair = std::integral_constant<int, kPairStages>;
   using Solo = std::integral_constant<int, kAloneStages<kType, kCols>>;

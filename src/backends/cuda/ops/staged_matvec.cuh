@@ -88,13 +88,28 @@ template <DType kType, int kCols>
 constexpr int kAloneStages = kWideTiles<kType, kCols> ? kWideStages : kSoloStages;
 template <DType kType, int kCols>
 constexpr int kAloneTargetBytes = kWideTiles<kType, kCols> ? kWideTargetBytes : kStageTargetBytes;
+// Tiles copied by the bulk copy engine (kBulk; cp.async otherwise): each warp's share of a tile is
+// one copy that completes on an mbarrier, and b's loads, which queue behind cp.async copies in
+// flight, do not wait behind them. Where it paid, on an H200 (bench/NOTES.md, 2026-11-28): the
+// one-column Q8_0 products, and the one-column Q5_K and Q6_K products whose b is long (rows of at
+// least kBulkMinK: every CTA quantizes all of b before its first tile); % of copy, 4096x14336 /
+// 14336x4096: Q8_0 84.4-84.9 / 76.1-76.6 -> 87.7-87.8 / 77.4-77.5, Q6_K (wide rows) 58.8-59.0 ->
+// 60.6, Q5_K 61.6-61.9 -> 63.6. Q6_K and Q5_K with rows of 4,096 read 0.5-4.5% slower with them,
+// Q4_K 2% slower, Q4_0 no faster (and the 1B Q4_0's decode 1% slower).
+template <DType kType, int kCols>
+constexpr bool kBulkTiles = kCols == 1 &&
+                            (kType == DType::Q8_0 || kType == DType::Q5_K || kType == DType::Q6_K);
+constexpr int64_t kBulkMinK = 8192;
 // Tiles fetched before the wait for the preceding kernel (kEarly); the rest follow b's first
 // loads. b's loads queue behind the copies in flight: the one-column Q4_0 kernel (rows of 14336)
 // measured fastest sending two first (1, 3 or all four, or a sixth stage, were slower); Q8_0
 // measured fastest with all but one; the one-column K-quant kernels fastest with two (Q4_K
-// 14336x4096: 69.5% of copy with four, 76.9% with two, 69.6% with one; H100).
-template <DType kType, int kCols, int kStages>
-constexpr int kPreIssue = kType == DType::Q8_0 || kCols != 1 ? kStages - 1 : 2;
+// 14336x4096: 69.5% of copy with four, 76.9% with two, 69.6% with one; H100). With bulk copies
+// one first measured fastest (Q8_0 4096x14336 17.4 us with two or three, 16.9 with one; H200).
+template <DType kType, int kCols, int kStages, bool kBulk = false>
+constexpr int kPreIssue = kBulk                                ? 1
+                          : kType == DType::Q8_0 || kCols != 1 ? kStages - 1
+                                                               : 2;
 // Tiles of each part a CTA streams up to which gate and up write their GLU (launch_staged).
 constexpr int kLongTiles = 4;
 
@@ -119,12 +134,12 @@ struct GroupFormat {
 };
 
 struct StagedLayout {
-  int gpr;                                // groups per row (K / 256)
-  int rows;                               // rows per tile
-  int threads;                            // threads per CTA: two per group of a full tile
-  int stage_bytes;                        // rows * row bytes
-  int red_tiles;                          // tiles whose row partials one set of buffers holds
-  size_t b_scale, stages, reduce, total;  // shared-memory offsets (b quants at 0) and size
+  int gpr;                                      // groups per row (K / 256)
+  int rows;                                     // rows per tile
+  int threads;                                  // threads per CTA: two per group of a full tile
+  int stage_bytes;                              // rows * row bytes
+  int red_tiles;                                // tiles whose row partials one set of buffers holds
+  size_t b_scale, stages, reduce, bars, total;  // shared-memory offsets (b quants at 0), size
 };
 
 // Where a tile's row sums go, left by thread 0 for the flush that writes them.
@@ -140,8 +155,11 @@ constexpr int kMaxRedTiles = 16;
 // tile fits.
 template <DType kType>
 StagedLayout staged_layout(int64_t K, int cols, size_t budget, int ring, int64_t cta_rows,
-                           int parts, int target = kStageTargetBytes) {
+                           int parts, int target = kStageTargetBytes, bool bulk = false) {
   StagedLayout l{};
+  // With bulk copies, an mbarrier per warp and slot of the ring at the end.
+  const size_t bar_bytes = bulk ? size_t(ring) * (kStagedThreads / 32) * 8 : 0;
+  budget = budget > bar_bytes ? budget - bar_bytes : 0;
   l.gpr = int(K / kGroupElems);
   const int row_bytes = l.gpr * GroupFormat<kType>::kBytes;
   l.b_scale = size_t(cols) * size_t(l.gpr) * kBGroupBytes;
@@ -159,7 +177,8 @@ StagedLayout staged_layout(int64_t K, int cols, size_t budget, int ring, int64_t
   const int64_t cta_tiles = (cta_rows + l.rows - 1) / l.rows + parts - 1;  // parts split tiles
   l.red_tiles = int(std::clamp<size_t>(budget > l.reduce ? (budget - l.reduce) / per_tile : 0, 1,
                                        size_t(std::min<int64_t>(kMaxRedTiles, cta_tiles))));
-  l.total = l.reduce + size_t(l.red_tiles) * per_tile;
+  l.bars = (l.reduce + size_t(l.red_tiles) * per_tile + 7) / 8 * 8;
+  l.total = l.bars + bar_bytes;
   return l;
 }
 
@@ -284,7 +303,7 @@ __device__ __forceinline__ int part_of(const MatvecParts& parts, int r) {
 // -> 123) and read slower (Q4_K 14336x4096 76.7-77.6 -> 72.9-73.3% of copy: the commit of the
 // GLU, bisected on an H100).
 template <DType kType, int kCols, int kStages, bool kRegB, int kEarly, bool kNorm = false,
-          bool kGlu = false, bool kRope = false>
+          bool kGlu = false, bool kRope = false, bool kBulk = false>
 __global__ __launch_bounds__(
     kStagedThreads,
     kStagedLaunchBlocks<kType, kCols, kStages>) void staged_matvec_kernel(MatvecParts parts,
@@ -299,6 +318,7 @@ __global__ __launch_bounds__(
                                                                           uint32_t off_scale,
                                                                           uint32_t off_stages,
                                                                           uint32_t off_reduce,
+                                                                          uint32_t off_bars,
                                                                           const float* b,
                                                                           NormedB norm, float* glu,
                                                                           RopeTail rope) {
@@ -312,6 +332,18 @@ __global__ __launch_bounds__(
   float* s_red = reinterpret_cast<float*>(s_out + 2 * red_tiles);
   const uint32_t s_stage = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + off_stages;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  // kBulk: each warp's share of a tile is one bulk copy (lane 0's) that completes on the warp's
+  // mbarrier for that slot of the ring.
+  constexpr bool kUseBulk = kBulk && kHasBulkCopy;
+  const uint32_t s_bars =
+      static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + off_bars + warp * kStages * 8;
+  if constexpr (kUseBulk) {
+    if (lane == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) mbarrier_init(s_bars + 8 * s, 1);
+    }
+    __syncwarp();
+  }
   const int threads = blockDim.x, warps = threads / 32, tile_groups = threads / 2;
   const int z = int(blockIdx.y), i2 = z % b_ne2, i3 = z / b_ne2;
   const int64_t K = int64_t(gpr) * kGroupElems;
@@ -368,7 +400,8 @@ __global__ __launch_bounds__(
   Cursor fetch{row_begin, row_begin, 0, 0, row_end};
   const uint8_t* fetch_src = nullptr;
   uint32_t fetch_dst = s_stage;
-  auto issue = [&] {  // the next tile, into the next slot of the ring
+  int fetch_slot = 0;  // the ring slot fetch_dst is
+  auto issue = [&] {   // the next tile, into the next slot of the ring
     const bool entered = fetch.row == fetch.seg_end;
     const int nr = next_rows(fetch);
     if (nr > 0) {
@@ -377,21 +410,39 @@ __global__ __launch_bounds__(
             pick(parts.a, fetch.part) + a_batch + int64_t(fetch.row - fetch.part_begin) * row_bytes;
       }
       // This warp's share: the groups its lanes multiply (16 from warp * 16 on, every
-      // tile_groups), so no other warp reads what it copies and a warp barrier suffices.
+      // tile_groups), so no other warp reads what it copies and a warp barrier suffices. Every
+      // range is whole 16-byte pieces: 16 groups are, and a short range ends the tile.
       const int groups = nr * gpr;
-      for (int g0 = warp * 16; g0 < groups; g0 += tile_groups) {
-        const int bytes = min(16, groups - g0) * F::kBytes, base = g0 * F::kBytes;
+      if constexpr (kUseBulk) {
+        if (lane == 0) {
+          uint32_t total = 0;
+          for (int g0 = warp * 16; g0 < groups; g0 += tile_groups) {
+            total += uint32_t(min(16, groups - g0) * F::kBytes);
+          }
+          mbarrier_arrive_expect(s_bars + 8 * fetch_slot, total);
+          for (int g0 = warp * 16; g0 < groups; g0 += tile_groups) {
+            const int bytes = min(16, groups - g0) * F::kBytes, base = g0 * F::kBytes;
+            bulk_copy(fetch_dst + base, fetch_src + base, uint32_t(bytes), s_bars + 8 * fetch_slot);
+          }
+        }
+      } else {
+        for (int g0 = warp * 16; g0 < groups; g0 += tile_groups) {
+          const int bytes = min(16, groups - g0) * F::kBytes, base = g0 * F::kBytes;
 #pragma unroll 4
-        for (int off = base + lane * 16; off < base + bytes; off += 32 * 16) {
-          copy_async_16(fetch_dst + off, fetch_src + off);
+          for (int off = base + lane * 16; off < base + bytes; off += 32 * 16) {
+            copy_async_16(fetch_dst + off, fetch_src + off);
+          }
         }
       }
       fetch_src += nr * row_bytes;
       fetch.row += nr;
+    } else if constexpr (kUseBulk) {
+      if (lane == 0) mbarrier_arrive_expect(s_bars + 8 * fetch_slot, 0);  // an empty phase
     }
     fetch_dst =
         fetch_dst == s_stage + (kStages - 1) * stage_bytes ? s_stage : fetch_dst + stage_bytes;
-    copy_async_commit();  // possibly empty: keeps the group count uniform
+    fetch_slot = fetch_slot == kStages - 1 ? 0 : fetch_slot + 1;
+    if constexpr (!kUseBulk) copy_async_commit();  // possibly empty: keeps the group count uniform
   };
 #pragma unroll
   for (int s = 0; s < kEarly; ++s) issue();
@@ -597,10 +648,16 @@ __global__ __launch_bounds__(
 
   Cursor cur{row_begin, row_begin, 0, 0, row_end};
   int slot = 0;  // byte offset of this tile's slot in the ring
+  int ring_slot = 0;
+  uint32_t parity = 0;  // of the slot's phase this tile fills (kBulk)
   for (;;) {
     const int nr = next_rows(cur);
     if (nr <= 0) break;
-    copy_async_wait<kStages - 2>();
+    if constexpr (kUseBulk) {
+      mbarrier_wait(s_bars + 8 * ring_slot, parity);
+    } else {
+      copy_async_wait<kStages - 2>();
+    }
     // This warp's share of the tile is visible to its lanes, and they are done with the
     // previous tile, so its slot may be refilled.
     __syncwarp();
@@ -669,6 +726,7 @@ __global__ __launch_bounds__(
     }
     cur.row += nr;
     slot = slot == (kStages - 1) * stage_bytes ? 0 : slot + stage_bytes;
+    if (++ring_slot == kStages) ring_slot = 0, parity ^= 1;
     if (++filled == red_tiles) flush();
   }
   if (filled > 0) flush();
