@@ -88,12 +88,18 @@ __device__ __forceinline__ void k_half(const uint8_t* blk, int half, Apply&& app
 #pragma unroll
       for (int i = 0; i < kN; ++i) out[i] = __funnelshift_r(a[i], a[i + 1], sh);
     };
-    uint32_t qh[8], sc[2], dw[1], ql[16];  // sc: the half's 8 scale bytes
+    uint32_t qh[8], sc[2], ql[16];  // sc: the half's 8 scale bytes
     words(offsetof(BlockQ6_K, qh) + 32 * half, qh);
     words(offsetof(BlockQ6_K, scales) + 8 * half, sc);
-    words(offsetof(BlockQ6_K, d), dw);
     words(64 * half, ql);
-    const float d = f16_bits_to_f32(uint16_t(dw[0] & 0xFFFFu));
+    // d, the block's last two bytes, in a load of its own: read as a word shifted into place it
+    // took the next super-block's first bytes, another warp's copy where the block ends a warp's
+    // share of the tile (a race on bytes it threw away; compute-sanitizer's racecheck saw it).
+    // The word loads above stay inside a block that starts 2 bytes past a word; one that starts
+    // on a word may read 2 bytes past its end, but never ends a share (16 blocks from a 16-byte
+    // boundary: the last starts 2 bytes past a word).
+    const float d =
+        f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(blk + offsetof(BlockQ6_K, d)));
 #pragma unroll
     for (int part = 0; part < 2; ++part) {  // ql bytes 32 * part: blocks part and part + 2
       const uint32_t* x = ql + 8 * part;
