@@ -2,7 +2,8 @@
 // rows, K a multiple of 256, up to kMatvecMaxColumns columns of b).
 //
 // One persistent CTA per SM streams its share of the weight rows through a ring of shared-memory
-// tiles with 16-byte cp.async copies and quantizes b into shared memory itself. A tile is cut
+// tiles with 16-byte cp.async copies (or, kBulkTiles, one bulk copy per warp and tile) and
+// quantizes b into shared memory itself. A tile is cut
 // into groups of 8 blocks (256 elements: 144 or 272 bytes); each thread takes half a group (4
 // blocks, read with 8-byte shared loads) and lanes 2i and 2i + 1 share one. A tile holds as many
 // rows as give each thread of the CTA one half group, so a thread meets the same part of b in
@@ -11,12 +12,13 @@
 // memory traffic of Q4_0's loop (its b bytes outnumber its weight bytes two to one).
 //
 // No barrier per tile: each warp copies the part of every tile its own lanes multiply (16 groups
-// from warp * 16 on) and waits for its own copies (cp.async.wait_group, then a warp barrier), so
-// the warps drift apart and one's shared loads, dp4a and shuffles overlap another's instead of
-// all taking turns at each step (Q4_0 14336x4096: 15.4 -> 14.3 us, H100). A warp sums its lanes
-// row by row with shuffles into a tile's partial buffer; the CTA meets only when the partial
-// buffers of up to kMaxRedTiles tiles (as many as shared memory holds) are full, and then adds
-// them into row sums: for 14336x4096 once, at the end; with 8 columns every tile.
+// from warp * 16 on) and waits for its own copies (cp.async.wait_group or its mbarrier, then a
+// warp barrier), so the warps drift apart and one's shared loads, dp4a and shuffles overlap
+// another's instead of all taking turns at each step (Q4_0 14336x4096: 15.4 -> 14.3 us, H100).
+// A warp sums its lanes row by row with shuffles into a tile's partial buffer; the CTA meets
+// only when the partial buffers of up to kMaxRedTiles tiles (as many as shared memory holds) are
+// full, and then adds them into row sums: for 14336x4096 once, at the end; with 8 columns every
+// tile.
 //
 // The kernel is launched as a programmatic dependent of the previous kernel: it fetches weights
 // (which no kernel writes) and pulls b's lines into the L2 (fetching is not reading: the L2 is
@@ -452,8 +454,9 @@ __global__ __launch_bounds__(
   // Quantize b while the first tiles arrive: a block of 32 per pair of lanes, 16 values each.
   // Two items' loads go out before either is used (one L2 round trip for b up to 2 * threads
   // blocks: K = 14336 with 448 threads). It is not all hidden: b's loads queue behind the early
-  // tiles' copies, and on an H200 this prologue cost 2.5-3.1 us of a product with rows of 14,336
-  // (1.1-1.3 us with rows of 4,096; bench/NOTES.md, 2026-11-28).
+  // tiles' cp.async copies, and on an H200 this prologue cost 2.5-3.1 us of a product with rows
+  // of 14,336 (1.1-1.3 us with rows of 4,096; bench/NOTES.md, 2026-11-28); bulk tile copies
+  // (kBulkTiles) gave 0.5-0.6 us of it back.
   const int blocks_per_col = gpr * kGroupBlocks;
   const int items = 2 * kCols * blocks_per_col;
   auto quantize = [&](int t, const float4(&x)[4]) {
