@@ -184,8 +184,10 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat) {
   r.stop = stop_strings(j);
   SamplerParams& s = r.sampling;
   if (auto t = number(j, "temperature", 0.0, 2.0)) s.temperature = float(*t);
+  // top_p and repeat_penalty are used as floats: a positive double that rounds to 0 is refused
+  // here, with its name, rather than by the sampler.
   if (auto p = number(j, "top_p", 0.0, 1.0)) {
-    if (*p <= 0.0) bad("top_p", "'top_p' must be in (0, 1]");
+    if (float(*p) <= 0.0f) bad("top_p", "'top_p' must be in (0, 1] (got " + json(*p).dump() + ")");
     s.top_p = float(*p);
   }
   if (auto k = integer(j, "top_k", 0, kMaxInt)) s.top_k = int32_t(*k);
@@ -193,7 +195,9 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat) {
   if (auto p = number(j, "presence_penalty", -2.0, 2.0)) s.presence_penalty = float(*p);
   if (auto p = number(j, "frequency_penalty", -2.0, 2.0)) s.frequency_penalty = float(*p);
   if (auto p = number(j, "repeat_penalty", 0.0, 100.0)) {
-    if (*p <= 0.0) bad("repeat_penalty", "'repeat_penalty' must be > 0");
+    if (float(*p) <= 0.0f) {
+      bad("repeat_penalty", "'repeat_penalty' must be > 0 (got " + json(*p).dump() + ")");
+    }
     s.repeat_penalty = float(*p);
   }
   const auto seed =

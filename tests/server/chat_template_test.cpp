@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "chat_template.h"
 #include "request.h"
@@ -150,12 +152,46 @@ TEST(Request, NamesTheFieldAtFault) {
   EXPECT_EQ(param_of(R"({"prompt":"a","max_tokens":99999999999})", false), "max_tokens");
   EXPECT_EQ(param_of("[1]", false), "");
   EXPECT_EQ(param_of(R"({"prompt":"a","n":9})", false), "n");
+  // Positive, but 0 as the sampler's float (found by request_fuzz's range checks).
+  EXPECT_EQ(param_of(R"({"prompt":"a","top_p":1e-50})", false), "top_p");
+  EXPECT_EQ(param_of(R"({"prompt":"a","repeat_penalty":1e-50})", false), "repeat_penalty");
   EXPECT_EQ(param_of(R"({"prompt":"a","logprobs":6})", false), "logprobs");
   EXPECT_EQ(param_of(R"({"prompt":"a","logprobs":true})", false), "logprobs");
   EXPECT_EQ(param_of(R"({"messages":[{"role":"user","content":"a"}],"logprobs":3})", true),
             "logprobs");
   EXPECT_EQ(param_of(R"({"messages":[{"role":"user","content":"a"}],"top_logprobs":3})", true),
             "top_logprobs");
+}
+
+// The fuzzer's corpus (tests/fuzz/corpus/request; byte 0 picks chat, the rest is the body):
+// every body parses or is refused with a 4xx RequestError, and parsed chat messages render.
+TEST(Request, FuzzCorpusParsesOrFailsCleanly) {
+  size_t files = 0, parsed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(TANDEM_REQUEST_FUZZ_DIR)) {
+    std::ifstream f(entry.path(), std::ios::binary);
+    std::stringstream text;
+    text << f.rdbuf();
+    const std::string input = text.str();
+    if (input.empty()) continue;
+    SCOPED_TRACE(entry.path().filename().string());
+    ++files;
+    const bool chat = input[0] & 1;
+    try {
+      const CompletionRequest r = parse_completion_request(std::string_view(input).substr(1), chat);
+      ++parsed;
+      EXPECT_TRUE(r.n >= 1 && r.n <= kMaxChoices);
+      EXPECT_GT(r.sampling.top_p, 0.0f);
+      EXPECT_GT(r.sampling.repeat_penalty, 0.0f);
+      if (chat) {
+        EXPECT_FALSE(apply_chat_template(ChatTemplate::Llama3, r.messages).empty());
+      }
+    } catch (const RequestError& e) {
+      EXPECT_GE(e.status(), 400);
+      EXPECT_LT(e.status(), 500);
+    }
+  }
+  EXPECT_GT(files, 0u);
+  EXPECT_GT(parsed, 0u) << "the corpus should hold valid requests too";
 }
 
 TEST(Request, ErrorBodyHasOpenAIsShape) {
