@@ -33,7 +33,7 @@ done
 # share of the device-to-device copy rate measured first.
 F='BM_CopyDeviceToDevice/1024|BM_QuantizedMatvec/(4096/14336|14336/4096)/1/(4|8|40|50|60)/'
 timeout 120 build/gpu/bench/cuda_bench --benchmark_filter="$F" --benchmark_min_time=0.3 2>&1 |
-  grep -E "^BM_Q" | grep -oE "^BM_QuantizedMatvec/[0-9/]+|median_us=[0-9.]+|pct_of_copy=[0-9.]+ [a-z0-9_]+" |
+  grep -E "^BM_Q" | sed -E 's/ +/ /g' | grep -oE "^BM_QuantizedMatvec/[0-9/]+|median_us=[0-9.]+|pct_of_copy=[0-9.]+ [a-z0-9_]+" |
   paste -sd' ' | sed 's/ BM_/\nBM_/g'
 echo
 timeout 200 bash scripts/gpu_kquants.sh 2>&1 | grep -vE "^NVIDIA|^build"
