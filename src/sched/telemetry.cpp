@@ -265,7 +265,12 @@ void Telemetry::print_debug_summary(std::ostream& os) const {
                   s.graph_us / double(s.graphs));
     os << line;
   }
-  if (s.ops > 0 && s.actual_us == 0.0) os << "(op times not measured: timing is off)\n";
+  if (s.ops > 0 && s.actual_us == 0.0) {
+    // Untimed, an op keeps the plan's estimate: an attention's is for every position of its
+    // cache, not the positions it read (the executor scales it only where it times the op).
+    os << "(op times not measured: timing is off; the estimates are the plan's, an attention's "
+          "for its whole cache)\n";
+  }
 }
 
 std::string Telemetry::to_chrome_trace_json() const {
