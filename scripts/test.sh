@@ -27,7 +27,7 @@ if [[ "${1:-}" == "--tsan" ]]; then
   if grep -q "server_test" build/tsan/build.ninja; then tsan_targets+=(server_test); fi
   cmake --build --preset tsan -j "$TANDEM_JOBS" --target "${tsan_targets[@]}"
   log=build/tsan/ctest-output.txt
-  TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/scripts/tsan.supp ${TSAN_OPTIONS:-}" ctest --preset tsan --output-on-failure \
+  TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}" ctest --preset tsan --output-on-failure \
     --no-tests=error -j "$TANDEM_JOBS" -R "$tsan_tests" | tee "$log"
   echo "test (tsan): $(grep -E "tests passed|tests failed" "$log" | tail -1)"
   exit 0
